@@ -1,0 +1,115 @@
+"""Checkpointing one block by overriding its forward on the instance.
+
+The module tree is left as it is, so parameter, module and state_dict names stay those of the
+plain model. A wrapper module (torch's checkpoint_wrapper) inserts ``_checkpoint_wrapped_module``
+into every name below it, and torch.distributed._composable.checkpoint keeps names but fails
+under torch.compile on torch 2.13; calling torch.utils.checkpoint from an instance-level forward
+does neither.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .ops import RetentionRecord, selective_context, warn_nothing_retained
+from .policy import CheckpointType
+
+STATE_ATTR = "_ac_core_checkpoint"
+
+
+@dataclass(frozen=True)
+class BlockCheckpoint:
+    """How one block is checkpointed, and the instance-level forward it replaced (None for the class's)."""
+
+    kind: CheckpointType
+    retained: frozenset[str]
+    previous_forward: object | None
+
+
+def _has_active_randomness(block: nn.Module) -> bool:
+    # Dropout modules and the attention-dropout floats that transformers/diffusers pass to SDPA.
+    for module in block.modules():
+        if not module.training:
+            continue
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+            return True
+        for attr in ("attention_dropout", "dropout_p"):
+            value = getattr(module, attr, None)
+            if isinstance(value, float) and value > 0:
+                return True
+    return False
+
+
+def _call_plain(block: nn.Module, *args, **kwargs):
+    previous = getattr(block, STATE_ATTR).previous_forward
+    if previous is not None:
+        return previous(*args, **kwargs)
+    return type(block).forward(block, *args, **kwargs)
+
+
+def _checkpointed_forward(self: nn.Module, *args, **kwargs):
+    state: BlockCheckpoint = getattr(self, STATE_ATTR)
+    if not torch.is_grad_enabled():
+        return _call_plain(self, *args, **kwargs)
+    # RNG state is saved and replayed only where a stochastic op is live: it costs a copy per call.
+    preserve_rng = _has_active_randomness(self)
+    if state.kind is not CheckpointType.OPS:
+        return checkpoint(_call_plain, self, *args, use_reentrant=False, preserve_rng_state=preserve_rng, **kwargs)
+    if torch.compiler.is_compiling():
+        context_fn = functools.partial(selective_context, state.retained)
+        return checkpoint(
+            _call_plain,
+            self,
+            *args,
+            use_reentrant=False,
+            preserve_rng_state=preserve_rng,
+            context_fn=context_fn,
+            **kwargs,
+        )
+    # torch 2.13 no longer calls the policy during recompute, so a block that retained nothing
+    # is detected here, right after its forward, from what the policy saw.
+    record = RetentionRecord()
+    context_fn = functools.partial(selective_context, state.retained, record)
+    out = checkpoint(
+        _call_plain,
+        self,
+        *args,
+        use_reentrant=False,
+        preserve_rng_state=preserve_rng,
+        context_fn=context_fn,
+        **kwargs,
+    )
+    if not record.retained:
+        warn_nothing_retained(type(self).__name__, record)
+    return out
+
+
+def install(block: nn.Module, kind: CheckpointType, retained: frozenset[str]) -> None:
+    """Checkpoint ``block`` by ``kind`` (FULL or OPS); replaces an earlier ac-core checkpoint of it."""
+    previous = block.__dict__.get(STATE_ATTR)
+    previous_forward = previous.previous_forward if previous else block.__dict__.get("forward")
+    block.__dict__[STATE_ATTR] = BlockCheckpoint(kind, retained, previous_forward)
+    # A bound method (not a closure) so that copy.deepcopy rebinds it to the copied block.
+    block.__dict__["forward"] = types.MethodType(_checkpointed_forward, block)
+
+
+def uninstall(block: nn.Module) -> bool:
+    """Restore ``block``'s plain forward; returns whether it was checkpointed by ac-core."""
+    state: BlockCheckpoint | None = block.__dict__.pop(STATE_ATTR, None)
+    if state is None:
+        return False
+    if state.previous_forward is None:
+        block.__dict__.pop("forward", None)
+    else:
+        block.__dict__["forward"] = state.previous_forward
+    return True
+
+
+def block_state(block: nn.Module) -> BlockCheckpoint | None:
+    return block.__dict__.get(STATE_ATTR)

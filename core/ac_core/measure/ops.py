@@ -1,0 +1,40 @@
+"""Counting dispatcher ops separately in forward and in backward (where recompute runs)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+def op_matches(op_name: str, names: Iterable[str]) -> bool:
+    """Whether ``op_name`` (``"aten::mul.Tensor"``) is one of ``names``, with or without its overload."""
+    wanted = set(names)
+    return op_name in wanted or op_name.partition(".")[0] in wanted
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts every dispatcher op by name, split into ``forward`` and ``backward``.
+
+    An op counts as backward when it runs inside an autograd graph task, which is where
+    checkpointed blocks are recomputed. Ops an ``ops`` policy retained are served from its
+    cache during recompute and never reach this mode.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forward: Counter[str] = Counter()
+        self.backward: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        phase = self.backward if torch._C._current_graph_task_id() != -1 else self.forward
+        phase[func.name()] += 1
+        return func(*args, **(kwargs or {}))
+
+    def count(self, names: Iterable[str], phase: str = "forward") -> int:
+        """Calls of any op in ``names`` during ``phase`` ("forward" or "backward")."""
+        counter = {"forward": self.forward, "backward": self.backward}[phase]
+        wanted = set(names)
+        return sum(n for op, n in counter.items() if op_matches(op, wanted))

@@ -1,0 +1,102 @@
+"""Adapter discovery: the ``ac_core.adapters`` entry-point group plus adapters registered in code."""
+
+from __future__ import annotations
+
+import logging
+from importlib.metadata import entry_points
+
+from torch import nn
+
+from .errors import AdapterError
+from .spec import AdapterSpec
+
+ENTRY_POINT_GROUP = "ac_core.adapters"
+
+logger = logging.getLogger("ac_core")
+
+_registry: dict[str, AdapterSpec] = {}
+_entry_points_loaded = False
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _registry:
+            continue
+        try:
+            spec = ep.load()
+            if callable(spec) and not isinstance(spec, AdapterSpec):
+                spec = spec()
+        except Exception as exc:
+            # One broken third-party adapter must not take the others down with it.
+            logger.warning("ac-core: adapter entry point %r (%s) failed to load: %s", ep.name, ep.value, exc)
+            continue
+        if not isinstance(spec, AdapterSpec):
+            logger.warning(
+                "ac-core: adapter entry point %r (%s) gave %s, not an AdapterSpec; skipped",
+                ep.name,
+                ep.value,
+                type(spec).__name__,
+            )
+            continue
+        if spec.name != ep.name:
+            logger.warning(
+                "ac-core: entry point %r loads adapter named %r; registered as %r",
+                ep.name,
+                spec.name,
+                spec.name,
+            )
+        _registry.setdefault(spec.name, spec)
+
+
+def register_adapter(spec: AdapterSpec, *, replace: bool = False) -> AdapterSpec:
+    """Register ``spec`` under its name; a second spec of the same name needs ``replace=True``."""
+    if not isinstance(spec, AdapterSpec):
+        raise TypeError(f"register_adapter takes an AdapterSpec, got {type(spec).__name__}")
+    _load_entry_points()
+    if spec.name in _registry and _registry[spec.name] is not spec and not replace:
+        raise AdapterError(f"an adapter named {spec.name!r} is already registered; pass replace=True to replace it")
+    _registry[spec.name] = spec
+    return spec
+
+
+def unregister_adapter(name: str) -> None:
+    """Remove a registered adapter (mostly for tests); unknown names are ignored."""
+    _load_entry_points()
+    _registry.pop(name, None)
+
+
+def registered_adapters() -> dict[str, AdapterSpec]:
+    """All adapters known here, by name: entry points and code registrations."""
+    _load_entry_points()
+    return dict(_registry)
+
+
+def get_adapter(model_or_name: nn.Module | type | str | AdapterSpec) -> AdapterSpec:
+    """The adapter for a model (instance or class), an adapter name, or a spec (returned as is)."""
+    if isinstance(model_or_name, AdapterSpec):
+        return model_or_name
+    adapters = registered_adapters()
+    if isinstance(model_or_name, str):
+        if model_or_name in adapters:
+            return adapters[model_or_name]
+        raise AdapterError(
+            f"no adapter named {model_or_name!r}; registered adapters: {sorted(adapters) or 'none'}"
+            " (ours install with pip install 'ac-core[all]')"
+        )
+    cls = model_or_name if isinstance(model_or_name, type) else type(model_or_name)
+    matches = [spec for spec in adapters.values() if spec.serves(cls)]
+    if len(matches) > 1:
+        raise AdapterError(
+            f"{cls.__name__} is served by several adapters {[s.name for s in matches]}; name one with adapter=..."
+        )
+    if not matches:
+        raise AdapterError(
+            f"no registered adapter serves {cls.__module__}.{cls.__qualname__}; registered adapters: "
+            f"{sorted(adapters) or 'none'}. Name its block containers instead, e.g. "
+            "apply_activation_checkpointing(model, 'full', blocks=['layers'])."
+        )
+    return matches[0]

@@ -1,0 +1,240 @@
+"""The adapter contract: what an adapter declares about a model family, as frozen data.
+
+An adapter imports nothing of its library when it is loaded: served classes are import
+strings, and the callables it names import their library only when called.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import AdapterError
+
+# Op namespaces of collectives. Nothing in them is ever retained: see ops.py for why.
+COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "c10d", "c10d_functional")
+
+
+def is_collective(op_name: str) -> bool:
+    """True for a dispatcher op name in a collective namespace, e.g. ``_c10d_functional::all_gather_into_tensor``."""
+    return op_name.split("::", 1)[0] in COLLECTIVE_NAMESPACES and "::" in op_name
+
+
+def _tupled(obj: Any, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, tuple(value))
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    """An attention implementation a model can run, and which dispatcher ops carry its output.
+
+    ``ops`` are dispatcher op names (``OpOverload.name()``, e.g. ``"aten::_scaled_dot_product_flash_attention"``);
+    names, not op objects, so that a backend's custom op can be named before its library registers it.
+    A backend whose attention decomposes into many small ops sets ``not_retainable`` to the reason instead.
+    ``devices`` are the device types it runs on; ``requires`` the importable modules it needs.
+    """
+
+    name: str
+    ops: tuple[str, ...] = ()
+    not_retainable: str | None = None
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    requires: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for attr in ("ops", "devices", "requires"):
+            _tupled(self, attr, getattr(self, attr))
+        if not self.name:
+            raise AdapterError("AttentionBackend.name must be a non-empty string")
+        if bool(self.ops) == bool(self.not_retainable):
+            raise AdapterError(
+                f"attention backend {self.name!r}: give either ops (the dispatcher op names that carry the "
+                "attention output) or not_retainable (the reason none can be retained), not both or neither"
+            )
+        for op in self.ops:
+            if not isinstance(op, str) or not op:
+                raise AdapterError(f"attention backend {self.name!r}: op names must be non-empty strings, got {op!r}")
+            if is_collective(op):
+                raise AdapterError(
+                    f"attention backend {self.name!r} names the collective {op!r}; collectives are never "
+                    "retained (under FSDP2 that would keep every block's unsharded weights alive)"
+                )
+
+    @property
+    def retainable(self) -> bool:
+        return bool(self.ops)
+
+    def is_available(self, device: str | torch.device) -> bool:
+        """Whether this backend can run on ``device`` here: the device type is declared and its modules import."""
+        device_type = torch.device(device).type
+        if device_type not in self.devices:
+            return False
+        return all(importlib.util.find_spec(module) is not None for module in self.requires)
+
+
+@dataclass(frozen=True)
+class ExcludedContainer:
+    """A container of blocks deliberately left unchecked, with the reason (e.g. a refiner over few tokens)."""
+
+    path: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not self.path or not self.reason:
+            raise AdapterError("ExcludedContainer needs both a path and a reason")
+
+
+@dataclass
+class ModelCase:
+    """A built model with inputs and a loss: what an adapter's factories return for tests and benchmarks."""
+
+    model: nn.Module
+    inputs: Mapping[str, Any]
+    loss: Callable[[Any], torch.Tensor]
+
+    def run(self) -> torch.Tensor:
+        """One forward pass and the scalar loss."""
+        return self.loss(self.model(**self.inputs))
+
+    def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> ModelCase:
+        """Move the model and every floating tensor input (and ``dtype`` when given); returns self."""
+        self.model.to(device=device, dtype=dtype)
+
+        def move(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                cast = dtype if dtype is not None and value.is_floating_point() else None
+                return value.to(device=device, dtype=cast)
+            if isinstance(value, (list, tuple)):
+                return type(value)(move(v) for v in value)
+            if isinstance(value, dict):
+                return {k: move(v) for k, v in value.items()}
+            return value
+
+        self.inputs = {k: move(v) for k, v in self.inputs.items()}
+        return self
+
+
+def class_path(cls: type) -> str:
+    """``module.QualName`` of a class, as adapters spell served classes."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _path_names_class(import_path: str, cls: type) -> bool:
+    # "diffusers.FluxTransformer2DModel" names the class defined deeper in diffusers too.
+    if import_path == class_path(cls):
+        return True
+    head, _, tail = import_path.rpartition(".")
+    return tail == cls.__qualname__ and head.split(".")[0] == cls.__module__.split(".")[0]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model class an adapter serves.
+
+    ``cls`` is an import string (``"diffusers.FluxTransformer2DModel"`` or the full module path).
+    ``containers`` are dotted paths from the model to ModuleLists of blocks; a ``*`` segment
+    stands for every child of a ModuleDict (``"mode_blocks.*"``). ``attention_calls`` maps each
+    block class name to the attention calls one forward of it makes. ``versions`` is a
+    requirement string (``"diffusers>=0.42"``) for the library versions whose layout this declares.
+    ``tiny`` builds a tiny :class:`ModelCase` from a config in code, with no download.
+    ``presets`` map a preset name (e.g. ``"wan2.1-1.3b"``) to a factory taking keyword options
+    (``layers``, ``seq``) that builds a few blocks at the real model's width.
+    """
+
+    cls: str
+    containers: tuple[str, ...]
+    excluded: tuple[ExcludedContainer, ...] = ()
+    attention_calls: Mapping[str, int] = field(default_factory=dict)
+    versions: str | None = None
+    tiny: Callable[[], ModelCase] | None = None
+    presets: Mapping[str, Callable[..., ModelCase]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _tupled(self, "containers", self.containers)
+        _tupled(self, "excluded", self.excluded)
+        object.__setattr__(self, "attention_calls", MappingProxyType(dict(self.attention_calls)))
+        object.__setattr__(self, "presets", MappingProxyType(dict(self.presets)))
+        if "." not in self.cls:
+            raise AdapterError(f"ModelSpec.cls must be an import string like 'pkg.Class', got {self.cls!r}")
+        if not self.containers:
+            raise AdapterError(f"ModelSpec for {self.cls} declares no block containers")
+        overlap = set(self.containers) & {e.path for e in self.excluded}
+        if overlap:
+            raise AdapterError(f"ModelSpec for {self.cls}: {sorted(overlap)} both checkpointed and excluded")
+        for block, calls in self.attention_calls.items():
+            if not isinstance(calls, int) or calls < 0:
+                raise AdapterError(f"ModelSpec for {self.cls}: attention_calls[{block!r}] must be an int >= 0")
+
+    @property
+    def class_name(self) -> str:
+        return self.cls.rpartition(".")[2]
+
+    def matches(self, cls: type) -> bool:
+        """Whether this spec serves ``cls`` or one of its bases."""
+        return any(_path_names_class(self.cls, base) for base in cls.__mro__)
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """Everything ac-core needs to know about one model family.
+
+    ``library`` is the distribution the family comes from and ``extra`` the ac-core extra that installs it.
+    ``requirements`` say in words what training under checkpointing needs; ``prepare(model)`` arranges
+    them (and logs what it changed). ``set_backend(model, name)`` switches the model's attention backend;
+    ``token_count(model, inputs)`` gives the tokens one sample's forward processes.
+    """
+
+    name: str
+    models: tuple[ModelSpec, ...]
+    backends: tuple[AttentionBackend, ...] = ()
+    default_backend: str | None = None
+    library: str | None = None
+    extra: str | None = None
+    requirements: tuple[str, ...] = ()
+    prepare: Callable[[nn.Module], None] | None = None
+    set_backend: Callable[[nn.Module, str], None] | None = None
+    token_count: Callable[[nn.Module, Mapping[str, Any]], int] | None = None
+
+    def __post_init__(self) -> None:
+        for attr in ("models", "backends", "requirements"):
+            _tupled(self, attr, getattr(self, attr))
+        if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
+            raise AdapterError(f"adapter name must be a non-empty word (letters, digits, '-', '_'): {self.name!r}")
+        if not self.models:
+            raise AdapterError(f"adapter {self.name!r} serves no model class")
+        names = [b.name for b in self.backends]
+        if len(set(names)) != len(names):
+            raise AdapterError(f"adapter {self.name!r} declares an attention backend twice: {names}")
+        if self.default_backend is not None and self.default_backend not in names:
+            raise AdapterError(
+                f"adapter {self.name!r}: default_backend {self.default_backend!r} is not among its backends {names}"
+            )
+
+    def model_spec(self, model: nn.Module | type) -> ModelSpec | None:
+        """The ModelSpec serving ``model`` (an instance or a class), or None."""
+        cls = model if isinstance(model, type) else type(model)
+        return next((m for m in self.models if m.matches(cls)), None)
+
+    def serves(self, model: nn.Module | type) -> bool:
+        return self.model_spec(model) is not None
+
+    def backend(self, name: str) -> AttentionBackend:
+        for backend in self.backends:
+            if backend.name == name:
+                return backend
+        raise AdapterError(
+            f"adapter {self.name!r} has no attention backend {name!r}; it declares {[b.name for b in self.backends]}"
+        )
+
+    def retained_ops(self) -> frozenset[str]:
+        """Every op name that carries attention output in one of this adapter's retainable backends."""
+        return frozenset(op for b in self.backends for op in b.ops)
+
+    @property
+    def install_hint(self) -> str:
+        return f"pip install 'ac-core[{self.extra}]'" if self.extra else f"pip install {self.library or self.name}"

@@ -1,0 +1,107 @@
+"""A toy transformer built from a config in code, for tests, examples and the graph-pass figures.
+
+It needs nothing beyond torch, so it serves where no adapter's library is installed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .ops import DEFAULT_RETAINED_OPS
+from .spec import AdapterSpec, AttentionBackend, ModelCase, ModelSpec
+
+
+class ToyBlock(nn.Module):
+    """Pre-norm self-attention and MLP. ``attention="sdpa"`` reaches a fused kernel; ``"math"`` does not."""
+
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0, attention: str = "sdpa") -> None:
+        super().__init__()
+        self.heads, self.attention = heads, attention
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.dropout = nn.Dropout(dropout)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.attention == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v)
+        scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+        return scores.softmax(dim=-1) @ v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        attn = self._attend(q, k, v).transpose(1, 2).reshape(b, n, d)
+        x = x + self.dropout(self.proj(attn))
+        return x + self.dropout(self.mlp(self.norm2(x)))
+
+
+class ToyTransformer(nn.Module):
+    """An input projection, ``depth`` ToyBlocks in ``layers``, and an output head."""
+
+    def __init__(
+        self, dim: int = 64, heads: int = 4, depth: int = 4, dropout: float = 0.0, attention: str = "sdpa"
+    ) -> None:
+        super().__init__()
+        self.embed = nn.Linear(dim, dim)
+        self.layers = nn.ModuleList(ToyBlock(dim, heads, dropout, attention) for _ in range(depth))
+        self.head = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def toy_case(
+    dim: int = 64,
+    heads: int = 4,
+    depth: int = 4,
+    tokens: int = 32,
+    batch: int = 2,
+    dropout: float = 0.0,
+    attention: str = "sdpa",
+    seed: int = 0,
+) -> ModelCase:
+    """A seeded ToyTransformer with one batch of inputs and a mean-square loss."""
+    torch.manual_seed(seed)
+    model = ToyTransformer(dim, heads, depth, dropout, attention)
+    x = torch.randn(batch, tokens, dim)
+    return ModelCase(model, {"x": x}, lambda out: out.float().pow(2).mean())
+
+
+def _set_attention(model: nn.Module, name: str) -> None:
+    for block in model.modules():
+        if isinstance(block, ToyBlock):
+            block.attention = name
+
+
+def _token_count(model: nn.Module, inputs) -> int:
+    x = inputs["x"]
+    return x.shape[0] * x.shape[1]
+
+
+TOY_ADAPTER = AdapterSpec(
+    name="toy",
+    models=(
+        ModelSpec(
+            cls=f"{ToyTransformer.__module__}.ToyTransformer",
+            containers=("layers",),
+            attention_calls={"ToyBlock": 1},
+            tiny=toy_case,
+        ),
+    ),
+    backends=(
+        AttentionBackend("sdpa", ops=tuple(sorted(DEFAULT_RETAINED_OPS))),
+        AttentionBackend("math", not_retainable="matmul and softmax in Python: no single op carries the output"),
+    ),
+    default_backend="sdpa",
+    set_backend=_set_attention,
+    token_count=_token_count,
+)
+"""A spec for ToyTransformer, not registered by default: ``register_adapter(TOY_ADAPTER)`` to use it by name."""
