@@ -25,11 +25,16 @@ STATE_ATTR = "_ac_core_checkpoint"
 
 @dataclass(frozen=True)
 class BlockCheckpoint:
-    """How one block is checkpointed, and the instance-level forward it replaced (None for the class's)."""
+    """How one block is checkpointed, and the instance-level forward it replaced (None for the class's).
+
+    ``expects_attention`` is False for a block its adapter declares attention-free (e.g. a conv block):
+    under ``ops`` such a block retains nothing by design, which is not worth a warning.
+    """
 
     kind: CheckpointType
     retained: frozenset[str]
     previous_forward: object | None
+    expects_attention: bool = True
 
 
 def _has_active_randomness(block: nn.Module) -> bool:
@@ -85,16 +90,16 @@ def _checkpointed_forward(self: nn.Module, *args, **kwargs):
         context_fn=context_fn,
         **kwargs,
     )
-    if not record.retained:
+    if not record.retained and state.expects_attention:
         warn_nothing_retained(type(self).__name__, record)
     return out
 
 
-def install(block: nn.Module, kind: CheckpointType, retained: frozenset[str]) -> None:
+def install(block: nn.Module, kind: CheckpointType, retained: frozenset[str], expects_attention: bool = True) -> None:
     """Checkpoint ``block`` by ``kind`` (FULL or OPS); replaces an earlier ac-core checkpoint of it."""
     previous = block.__dict__.get(STATE_ATTR)
     previous_forward = previous.previous_forward if previous else block.__dict__.get("forward")
-    block.__dict__[STATE_ATTR] = BlockCheckpoint(kind, retained, previous_forward)
+    block.__dict__[STATE_ATTR] = BlockCheckpoint(kind, retained, previous_forward, expects_attention)
     # A bound method (not a closure) so that copy.deepcopy rebinds it to the copied block.
     block.__dict__["forward"] = types.MethodType(_checkpointed_forward, block)
 

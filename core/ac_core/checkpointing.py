@@ -97,8 +97,11 @@ def apply_activation_checkpointing(
     if spec is not None and spec.prepare is not None:
         spec.prepare(model)
     remove_activation_checkpointing(model)
+    # Blocks the adapter declares attention-free (0 attention calls) retain nothing under 'ops' by design.
+    model_spec = spec.model_spec(model) if spec is not None and blocks is None else None
+    attention_free = {name for name, calls in model_spec.attention_calls.items() if calls == 0} if model_spec else set()
     for _, block, block_kind in plan:
-        _forward.install(block, block_kind, retained)
+        _forward.install(block, block_kind, retained, expects_attention=type(block).__name__ not in attention_free)
     logger.info(
         "ac-core: %s checkpointing on %d blocks of %s%s",
         kind.value,

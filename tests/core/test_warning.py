@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
+import pytest
+
 from ac_core import apply_activation_checkpointing
-from ac_core.testing import toy_case
+from ac_core.testing import TOY_ADAPTER, toy_case
 
 from .helpers import assert_same_training, loss_and_grads
 
@@ -48,3 +51,15 @@ def test_not_retainable_attention_still_trains_correctly():
     case = toy_case(depth=3, attention="math")
     apply_activation_checkpointing(case.model, "ops", blocks=["layers"])
     assert_same_training(loss_and_grads(case), plain)
+
+
+@pytest.mark.parametrize(("declared_calls", "warnings"), [(0, 0), (1, 1)])
+def test_block_its_adapter_declares_attention_free_does_not_warn(caplog, declared_calls, warnings):
+    # A conv block (e.g. Wan-Animate's motion encoder) retains nothing under 'ops' by design.
+    model_spec = dataclasses.replace(TOY_ADAPTER.models[0], attention_calls={"ToyBlock": declared_calls})
+    adapter = dataclasses.replace(TOY_ADAPTER, models=(model_spec,))
+    case = toy_case(depth=2, attention="math")
+    apply_activation_checkpointing(case.model, "ops", adapter=adapter)
+    with caplog.at_level(logging.WARNING, logger="ac_core"):
+        case.run().backward()
+    assert len(_warnings(caplog)) == warnings

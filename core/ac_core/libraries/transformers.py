@@ -1,0 +1,159 @@
+"""transformers models, as adapters declare them: attention implementations, switching, training without the KV cache.
+
+Read from transformers 5.24 (``integrations/*_attention.py``, ``modeling_flash_attention_utils.py``,
+``PreTrainedModel.set_attn_implementation``). Nothing here imports transformers.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..checkpointing import is_activation_checkpointed
+from ..ops import DEFAULT_RETAINED_OPS
+from ..spec import AttentionBackend
+
+logger = logging.getLogger("ac_core")
+
+BACKENDS: tuple[AttentionBackend, ...] = (
+    AttentionBackend("sdpa", ops=tuple(sorted(DEFAULT_RETAINED_OPS)), devices=("cpu", "cuda")),
+    AttentionBackend(
+        "eager",
+        not_retainable="eager_attention_forward multiplies, softmaxes and multiplies in Python: no single op "
+        "carries the attention output",
+        devices=("cpu", "cuda"),
+    ),
+    # flash-attn >= 2.7 registers these custom ops (flash_attn_interface.py); with a padding mask transformers
+    # calls the varlen one. Without flash-attn installed, transformers may load a Hub kernel instead, whose op
+    # namespace carries a build hash: nothing is retained then, and ac-core warns once.
+    AttentionBackend(
+        "flash_attention_2",
+        ops=("flash_attn::_flash_attn_forward", "flash_attn::_flash_attn_varlen_forward"),
+        devices=("cuda",),
+        requires=("flash_attn",),
+    ),
+    # FlashAttention-3 (hopper/flash_attn_interface.py): flash_attn_3::_flash_attn_forward since Aug 2025,
+    # flash_attn::_flash_attn_forward in the builds before that rename.
+    AttentionBackend(
+        "flash_attention_3",
+        ops=("flash_attn_3::_flash_attn_forward", "flash_attn::_flash_attn_forward"),
+        devices=("cuda",),
+        requires=("flash_attn_interface",),
+    ),
+    # flash_attn.cute ships in the flash-attn-4 distribution under the top-level name flash_attn.
+    AttentionBackend(
+        "flash_attention_4",
+        not_retainable="FlashAttention-4 (flash_attn.cute) launches CuTe DSL kernels from Python inside an "
+        "autograd.Function: no dispatcher op carries the output",
+        devices=("cuda",),
+        requires=("flash_attn",),
+    ),
+    AttentionBackend(
+        "flex_attention",
+        not_retainable="transformers calls flex_attention through its own torch.compile'd wrapper, whose kernel "
+        "an eager selective-checkpoint policy does not see (not verified on a GPU; flex has no backward on CPU)",
+        devices=("cuda",),
+    ),
+)
+"""The ``attn_implementation`` values a transformers model can train with, and the ops carrying their output."""
+
+
+def set_attn_implementation(model: nn.Module, name: str) -> None:
+    """Switch a transformers model (and its sub-models) to ``attn_implementation`` ``name``."""
+    setter = getattr(model, "set_attn_implementation", None)
+    if callable(setter):
+        setter(name)
+        return
+    config = getattr(model, "config", None)
+    if config is None:
+        raise TypeError(f"{type(model).__name__} is not a transformers PreTrainedModel: it has no config")
+    config._attn_implementation = name
+
+
+# Names a transformers forward gives the KV cache it reads and writes (``past_key_values`` before 5.x renamed it).
+_CACHE_ARGS = ("cache", "past_key_values")
+
+
+@functools.cache
+def _forward_params(cls: type) -> tuple[str, ...]:
+    """Names of ``cls.forward``'s parameters after ``self``, in order (transformers' decorators keep __wrapped__)."""
+    return tuple(inspect.signature(cls.forward).parameters)[1:]
+
+
+def _takes_use_cache(module: nn.Module) -> bool:
+    return hasattr(module, "config") and "use_cache" in _forward_params(type(module))
+
+
+def _argument(params: tuple[str, ...], args: tuple, kwargs: dict[str, Any], name: str) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    index = params.index(name) if name in params else len(args)
+    return args[index] if index < len(args) else None
+
+
+_warned_use_cache = False
+
+
+def _drop_kv_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+    """Forward pre-hook: a forward with gradients through checkpointed layers runs with use_cache=False."""
+    global _warned_use_cache
+    # Checkpointed blocks recompute whenever gradients are on, in eval mode too; without gradients they
+    # run plain, so generation keeps its cache.
+    if not (torch.is_grad_enabled() and is_activation_checkpointed(module)):
+        return None
+    params = _forward_params(type(module))
+    for name in _CACHE_ARGS:
+        if _argument(params, args, kwargs, name) is not None:
+            raise ValueError(
+                f"{type(module).__name__} got a KV cache ({name}=...) in a forward with gradients, but its "
+                "layers are activation-checkpointed: recomputing a layer in backward would write to the cache a "
+                f"second time. Pass {name}=None to train, or run this forward under torch.no_grad()."
+            )
+    if _argument(params, args, kwargs, "use_cache") and not _warned_use_cache:
+        _warned_use_cache = True
+        logger.warning(
+            "ac-core: use_cache=True ignored in a forward with gradients of %s: its layers are activation-checkpointed "
+            "and a KV cache would grow again when they are recomputed in backward.",
+            type(module).__name__,
+        )
+    if "use_cache" in params and params.index("use_cache") < len(args):
+        args = tuple(False if i == params.index("use_cache") else a for i, a in enumerate(args))
+    else:
+        kwargs["use_cache"] = False
+    return args, kwargs
+
+
+def train_without_kv_cache(model: nn.Module) -> None:
+    """Make every forward of ``model`` with gradients run without the KV cache while its blocks are checkpointed.
+
+    A decoder layer appends its keys and values to the cache; recomputing it in backward appends them
+    again, and per-op checkpointing then fails with "aten.slice.Tensor invocation ... not found in
+    storage". A forward pre-hook on each module whose forward takes ``use_cache`` (the model and its
+    base model) passes ``use_cache=False`` when gradients are on and some block is checkpointed (the
+    condition under which ac-core recomputes); an explicit cache object in such a forward is an error
+    naming the fix. Forwards without gradients (generation) keep the cache. Applying it again adds
+    nothing; the config is not changed.
+    """
+    guarded = []
+    for name, module in model.named_modules():
+        if not _takes_use_cache(module):
+            continue
+        if _drop_kv_cache not in module._forward_pre_hooks.values():
+            module.register_forward_pre_hook(_drop_kv_cache, with_kwargs=True)
+        guarded.append(name or type(module).__name__)
+    if guarded:
+        logger.info(
+            "ac-core: forwards with gradients of %s run without the KV cache while checkpointed (hooked: %s)",
+            type(model).__name__,
+            ", ".join(guarded),
+        )
+
+
+def _reset_warnings() -> None:
+    global _warned_use_cache
+    _warned_use_cache = False

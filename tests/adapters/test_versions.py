@@ -1,0 +1,43 @@
+"""A library version outside what an adapter verified gets UnsupportedVersionError, and the model is left alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from ac_core import UnsupportedVersionError, _versions, apply_activation_checkpointing, checkpointed_blocks
+
+from .cases import served
+
+_OUTSIDE = {"diffusers": "0.40.0", "transformers": "4.57.6"}
+_INSIDE = {"diffusers": "0.42.1", "transformers": "5.24.0"}
+
+
+def _installed(versions):
+    def version(distribution: str) -> str:
+        return versions[distribution]
+
+    return version
+
+
+@pytest.mark.parametrize(("spec", "model_spec"), list(served()))
+def test_an_unverified_version_is_refused_clearly(spec, model_spec, monkeypatch):
+    case = model_spec.tiny()
+    names = [n for n, _ in case.model.named_parameters()]
+    monkeypatch.setattr(_versions, "version", _installed(_OUTSIDE))
+    with pytest.raises(UnsupportedVersionError) as error:
+        apply_activation_checkpointing(case.model, "ops")
+    message = str(error.value)
+    assert model_spec.class_name in message and _OUTSIDE[spec.library] in message
+    assert f"ac-core[{spec.extra}]" in message and "blocks=" in message
+    assert checkpointed_blocks(case.model) == {}
+    assert [n for n, _ in case.model.named_parameters()] == names
+
+    monkeypatch.setattr(_versions, "version", _installed(_INSIDE))
+    apply_activation_checkpointing(case.model, "ops")
+    assert checkpointed_blocks(case.model)
+
+
+def test_versions_name_the_right_library():
+    for param in served():
+        spec, model_spec = param.values
+        assert model_spec.versions.startswith(spec.library)
