@@ -115,17 +115,18 @@ def preset_flux1_dev(*, layers: int = 4, seq: int | None = None) -> ModelCase:
     from diffusers import FluxTransformer2DModel
 
     seq = 4096 if seq is None else seq
-    height = max(1, math.isqrt(seq))
-    tokens = height * max(1, seq // height)
+    if seq < 1:
+        raise ValueError(f"seq must be a positive token count, got {seq}")
+    height = math.isqrt(seq)
+    width = seq // height
     model = FluxTransformer2DModel(guidance_embeds=True, num_layers=layers, num_single_layers=layers)
-    rows = torch.arange(tokens) // (tokens // height)
-    cols = torch.arange(tokens) % (tokens // height)
+    rows, cols = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
     inputs = {
-        "hidden_states": torch.randn(1, tokens, 64),
+        "hidden_states": torch.randn(1, height * width, 64),
         "encoder_hidden_states": torch.randn(1, 512, 4096),
         "pooled_projections": torch.randn(1, 768),
         "timestep": torch.tensor([0.5]),
-        "img_ids": torch.stack([torch.zeros(tokens), rows.float(), cols.float()], dim=1),
+        "img_ids": torch.stack([torch.zeros(height * width), rows.flatten(), cols.flatten()], dim=1).float(),
         "txt_ids": torch.zeros(512, 3),
         "guidance": torch.tensor([3.5]),
     }

@@ -69,6 +69,9 @@ def preset_llama3_8b(*, layers: int = 4, seq: int | None = None) -> ModelCase:
     """
     import transformers
 
+    seq = 4096 if seq is None else seq
+    if seq < 1:
+        raise ValueError(f"seq must be a positive token count, got {seq}")
     config = transformers.LlamaConfig(
         vocab_size=16384,
         hidden_size=4096,
@@ -82,7 +85,7 @@ def preset_llama3_8b(*, layers: int = 4, seq: int | None = None) -> ModelCase:
     )
     config._attn_implementation = "sdpa"
     model = transformers.LlamaForCausalLM(config).train()
-    input_ids = torch.randint(0, config.vocab_size, (1, 4096 if seq is None else seq))
+    input_ids = torch.randint(0, config.vocab_size, (1, seq))
     return ModelCase(model, {"input_ids": input_ids, "labels": input_ids}, _lm_loss)
 
 

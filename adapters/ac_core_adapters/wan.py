@@ -25,10 +25,6 @@ _TEXT_TOKENS = 512  # umT5 prompts are padded to 512 tokens
 _TINY = {"num_attention_heads": 2, "attention_head_dim": 8, "text_dim": 16, "freq_dim": 16, "ffn_dim": 32}
 
 
-def _latents(batch: int, channels: int, frames: int, height: int, width: int) -> torch.Tensor:
-    return torch.randn(batch, channels, frames, height, width)
-
-
 def tiny_wan() -> ModelCase:
     """WanTransformer3DModel, text-to-video (2 attention calls per block), 3 blocks, 2x4x4 tokens."""
     from diffusers import WanTransformer3DModel
@@ -36,7 +32,7 @@ def tiny_wan() -> ModelCase:
     torch.manual_seed(0)
     model = WanTransformer3DModel(in_channels=4, out_channels=4, num_layers=3, rope_max_seq_len=32, **_TINY)
     inputs = {
-        "hidden_states": _latents(1, 4, 2, 8, 8),
+        "hidden_states": torch.randn(1, 4, 2, 8, 8),
         "timestep": torch.tensor([500]),
         "encoder_hidden_states": torch.randn(1, 6, 16),
     }
@@ -58,10 +54,10 @@ def tiny_vace() -> ModelCase:
         **_TINY,
     )
     inputs = {
-        "hidden_states": _latents(1, 4, 2, 8, 8),
+        "hidden_states": torch.randn(1, 4, 2, 8, 8),
         "timestep": torch.tensor([500]),
         "encoder_hidden_states": torch.randn(1, 6, 16),
-        "control_hidden_states": _latents(1, 6, 2, 8, 8),
+        "control_hidden_states": torch.randn(1, 6, 2, 8, 8),
     }
     return ModelCase(model.train(), inputs, sample_loss)
 
@@ -96,11 +92,11 @@ def tiny_animate() -> ModelCase:
         **_TINY,
     )
     inputs = {
-        "hidden_states": _latents(1, 12, 3, 8, 8),
+        "hidden_states": torch.randn(1, 12, 3, 8, 8),
         "timestep": torch.tensor([500]),
         "encoder_hidden_states": torch.randn(1, _TEXT_TOKENS, 16),
         "encoder_hidden_states_image": torch.randn(1, 4, 8),
-        "pose_hidden_states": _latents(1, 4, 2, 8, 8),
+        "pose_hidden_states": torch.randn(1, 4, 2, 8, 8),
         "face_pixel_values": torch.randn(1, 3, 8, 32, 32),
     }
     return ModelCase(model.train(), inputs, sample_loss)
@@ -126,7 +122,7 @@ def _wan_preset(width: _Width, *, layers: int = 4, seq: int | None = None) -> Mo
         num_layers=layers,
     )
     inputs = {
-        "hidden_states": _latents(1, 16, frames, 2 * height, 2 * width_tokens),
+        "hidden_states": torch.randn(1, 16, frames, 2 * height, 2 * width_tokens),
         "timestep": torch.tensor([500]),
         "encoder_hidden_states": torch.randn(1, _TEXT_TOKENS, 4096),
     }

@@ -60,3 +60,25 @@ def test_backend_claim_holds_on_cpu(spec, model_spec, backend, caplog):
         assert nothing_retained == []
     else:
         assert len(nothing_retained) == 1
+
+
+def test_switching_one_diffusers_model_leaves_the_others_alone():
+    dispatch = pytest.importorskip("diffusers.models.attention_dispatch")
+    from ac_core_adapters import wan
+
+    registry = dispatch._AttentionBackendRegistry
+    before = registry._active_backend
+    switched, other = wan.tiny_wan(), wan.tiny_wan()
+    wan.SPEC.set_backend(switched.model, "_native_math")
+    assert registry._active_backend == before  # diffusers' own setter would have made math the global default
+    counts = {}
+    for name, case in (("switched", switched), ("other", other)):
+        with OpCounter() as counter:
+            case.run()
+        counts[name] = counter.count([CPU_SDPA])
+    assert counts == {"switched": 0, "other": 6}
+    try:
+        other.model.set_attention_backend("_native_math")
+        assert registry._active_backend != before  # the upstream behaviour the wrapper undoes
+    finally:
+        registry._active_backend = before

@@ -84,8 +84,10 @@ def test_applying_twice_hooks_once_and_removing_checkpointing_restores_the_cache
     case = llama.tiny_llama_for_causal_lm()
     apply_activation_checkpointing(case.model, "ops")
     apply_activation_checkpointing(case.model, "full")
-    hooked = [m for m in case.model.modules() if transformers_lib._drop_kv_cache in m._forward_pre_hooks.values()]
-    assert [type(m).__name__ for m in hooked] == ["LlamaForCausalLM", "LlamaModel"]
-    assert all(list(m._forward_pre_hooks.values()).count(transformers_lib._drop_kv_cache) == 1 for m in hooked)
+    guards = {
+        type(m).__name__: sum(map(transformers_lib._is_guard, m._forward_pre_hooks.values()))
+        for m in case.model.modules()
+    }
+    assert {name: n for name, n in guards.items() if n} == {"LlamaForCausalLM": 1, "LlamaModel": 1}
     remove_activation_checkpointing(case.model)
     assert case.model(**case.inputs).cache is not None

@@ -61,3 +61,10 @@ def test_a_preset_builds_and_trains_on_cpu():
     assert next(case.model.parameters()).dtype == torch.float32
     case.run().backward()
     assert all(p.grad is not None for p in case.model.blocks.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_a_non_positive_seq_is_refused(name):
+    _, _, factory = _preset(name)
+    with torch.device("meta"), pytest.raises(ValueError, match="positive token count"):
+        factory(layers=1, seq=0)

@@ -79,14 +79,9 @@ def set_attn_implementation(model: nn.Module, name: str) -> None:
 _CACHE_ARGS = ("cache", "past_key_values")
 
 
-@functools.cache
 def _forward_params(cls: type) -> tuple[str, ...]:
     """Names of ``cls.forward``'s parameters after ``self``, in order (transformers' decorators keep __wrapped__)."""
     return tuple(inspect.signature(cls.forward).parameters)[1:]
-
-
-def _takes_use_cache(module: nn.Module) -> bool:
-    return hasattr(module, "config") and "use_cache" in _forward_params(type(module))
 
 
 def _argument(params: tuple[str, ...], args: tuple, kwargs: dict[str, Any], name: str) -> Any:
@@ -99,14 +94,16 @@ def _argument(params: tuple[str, ...], args: tuple, kwargs: dict[str, Any], name
 _warned_use_cache = False
 
 
-def _drop_kv_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
-    """Forward pre-hook: a forward with gradients through checkpointed layers runs with use_cache=False."""
+def _drop_kv_cache(
+    params: tuple[str, ...], module: nn.Module, args: tuple, kwargs: dict[str, Any]
+) -> tuple[tuple, dict[str, Any]] | None:
+    """Forward pre-hook, bound to the forward's parameter names: with gradients through checkpointed blocks,
+    the forward runs with use_cache=False."""
     global _warned_use_cache
     # Checkpointed blocks recompute whenever gradients are on, in eval mode too; without gradients they
     # run plain, so generation keeps its cache.
     if not (torch.is_grad_enabled() and is_activation_checkpointed(module)):
         return None
-    params = _forward_params(type(module))
     for name in _CACHE_ARGS:
         if _argument(params, args, kwargs, name) is not None:
             raise ValueError(
@@ -121,11 +118,16 @@ def _drop_kv_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tu
             "and a KV cache would grow again when they are recomputed in backward.",
             type(module).__name__,
         )
-    if "use_cache" in params and params.index("use_cache") < len(args):
-        args = tuple(False if i == params.index("use_cache") else a for i, a in enumerate(args))
+    position = params.index("use_cache")
+    if position < len(args):
+        args = (*args[:position], False, *args[position + 1 :])
     else:
         kwargs["use_cache"] = False
     return args, kwargs
+
+
+def _is_guard(hook: Any) -> bool:
+    return getattr(hook, "func", None) is _drop_kv_cache
 
 
 def train_without_kv_cache(model: nn.Module) -> None:
@@ -141,10 +143,12 @@ def train_without_kv_cache(model: nn.Module) -> None:
     """
     guarded = []
     for name, module in model.named_modules():
-        if not _takes_use_cache(module):
+        params = _forward_params(type(module)) if hasattr(module, "config") else ()
+        if "use_cache" not in params:
             continue
-        if _drop_kv_cache not in module._forward_pre_hooks.values():
-            module.register_forward_pre_hook(_drop_kv_cache, with_kwargs=True)
+        if not any(_is_guard(hook) for hook in module._forward_pre_hooks.values()):
+            # Names bound now, so that torch.compile does not trace inspect.signature in the hook.
+            module.register_forward_pre_hook(functools.partial(_drop_kv_cache, params), with_kwargs=True)
         guarded.append(name or type(module).__name__)
     if guarded:
         logger.info(
