@@ -141,16 +141,15 @@ def set_attention_backend(model: nn.Module, name: str) -> None:
     setter = getattr(model, "set_attention_backend", None)
     if not callable(setter):
         raise TypeError(
-            f"{type(model).__name__} has no set_attention_backend(); it is not a diffusers ModelMixin "
-            "(diffusers >= 0.35 is needed for attention backends)"
+            f"{type(model).__name__} has no set_attention_backend(): it is not a diffusers ModelMixin of a version "
+            "with attention backends"
         )
     registry = _dispatch_registry()
     previous = getattr(registry, "_active_backend", None)
     try:
         setter(name)
     finally:
-        registry = registry or _dispatch_registry()
-        if registry is not None and previous is not None:
+        if previous is not None:
             registry._active_backend = previous
 
 
