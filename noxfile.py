@@ -7,7 +7,10 @@ import nox
 # The CPU wheel of this torch lies on the CI machines' disk; an unpinned torch pulls a multi-GB CUDA build.
 TORCH = "torch==2.13.0"
 
-nox.options.sessions = ["lint", "tests"]
+# One conformance session per adapter we ship; each adapter is installed by the extra of the same name.
+FAMILIES = ("wan", "hunyuan", "flux", "llama")
+
+nox.options.sessions = ["lint", "tests", *(f"conformance-{family}" for family in FAMILIES)]
 nox.options.reuse_existing_virtualenvs = False
 
 
@@ -20,5 +23,29 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    session.install(TORCH, "-e", ".[all,test]")
+    # The example third-party adapter registers through its entry point, so it is installed, not imported.
+    session.install(TORCH, "-e", ".[all,test]", "-e", "tests/example_adapter")
     session.run("pytest", "-n", "auto", "tests", *session.posargs)
+
+
+def _conformance(family: str) -> None:
+    @nox.session(name=f"conformance-{family}")
+    def conformance(session: nox.Session) -> None:
+        # Only this family's extra: proves it is enough for the adapter to load and pass.
+        session.install(TORCH, "-e", f".[{family},test]")
+        session.run(
+            "pytest",
+            "-n",
+            "auto",
+            "--pyargs",
+            "ac_core_conformance",
+            "--ac-core-adapter",
+            family,
+            *session.posargs,
+        )
+
+    conformance.__doc__ = f"The conformance suite on the {family!r} adapter (pass pytest options after --)."
+
+
+for _family in FAMILIES:
+    _conformance(_family)

@@ -1,0 +1,48 @@
+"""The eight conformance checks as plain functions: each fails with an AssertionError naming what is wrong.
+
+Each takes a :class:`~ac_core_conformance.subjects.Subject` (an adapter and one of its model specs)
+and skips (``pytest.skip``) only where the adapter declares no such capability or the device is absent.
+"""
+
+from __future__ import annotations
+
+from .attention import (
+    AttentionContext,
+    AttentionCounts,
+    check_attention_recomputed,
+    check_attention_retained,
+    check_not_retainable_backend,
+    no_context,
+    preferred_retainable_backend,
+)
+from .compile import COMPILE_BACKEND_ENV, DEFAULT_COMPILE_BACKEND, check_compile, compile_backend
+from .coverage import CoverageReport, check_coverage
+from .fsdp import check_fsdp
+from .gradients import DROPOUT_P, check_gradients, check_gradients_with_dropout
+from .library import check_library_checkpointing
+from .memory import check_memory
+from .names import check_names, check_save_pretrained
+
+__all__ = [
+    "COMPILE_BACKEND_ENV",
+    "DEFAULT_COMPILE_BACKEND",
+    "DROPOUT_P",
+    "AttentionContext",
+    "AttentionCounts",
+    "CoverageReport",
+    "check_attention_recomputed",
+    "check_attention_retained",
+    "check_compile",
+    "check_coverage",
+    "check_fsdp",
+    "check_gradients",
+    "check_gradients_with_dropout",
+    "check_library_checkpointing",
+    "check_memory",
+    "check_names",
+    "check_not_retainable_backend",
+    "check_save_pretrained",
+    "compile_backend",
+    "no_context",
+    "preferred_retainable_backend",
+]

@@ -1,0 +1,204 @@
+"""Check 3: under ``ops`` the attention kernel runs once per call in forward and never again in backward.
+
+Also: each block makes the attention calls its adapter declares (counted per block), ``full`` and
+``block_skip`` recompute exactly the checkpointed blocks' calls, retained outputs stay on the
+compute device, and a backend declared not retainable warns once and still trains correctly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+from ac_core import AttentionBackend, apply_activation_checkpointing, checkpointed_blocks
+from ac_core._containers import resolve_containers
+from ac_core.measure import OpCounter
+from ac_core.ops import _reset_warnings
+
+from ..probes import attribute_ops, capture_logs, named_op_matcher, record_retained
+from ..subjects import Subject
+from ..training import EAGER_TOLERANCE, assert_same_step, build, plain_step, require_device, require_tiny
+from ..training import step as train_step
+
+AttentionContext = Callable[[nn.Module, str], AbstractContextManager]
+"""A context entered around forward and backward of check 3 (model, device): e.g. activation offload."""
+
+
+def no_context(model: nn.Module, device: str) -> AbstractContextManager:
+    """The plain run: nothing around forward and backward."""
+    return nullcontext()
+
+
+@dataclass(frozen=True)
+class AttentionCounts:
+    """Attention kernel calls: per checkpointable block in a plain forward, and under a policy by phase."""
+
+    per_block: dict[str, int]
+    outside_blocks: int
+    forward: int
+    backward: int
+
+
+def available_backend(subject: Subject, backend: str, device: str) -> AttentionBackend:
+    """The declared backend, or a skip when it cannot run on ``device`` here."""
+    declared = subject.adapter.backend(backend)
+    require_device(device)
+    if not declared.is_available(device):
+        pytest.skip(
+            f"attention backend {declared.name!r} is not available on {torch.device(device).type} here "
+            f"(declared devices {list(declared.devices)}, requires {list(declared.requires)})"
+        )
+    return declared
+
+
+def preferred_retainable_backend(subject: Subject, device: str) -> str:
+    """The default backend when it is retainable and available, else the first such backend; else a skip."""
+    require_device(device)
+    candidates = [b for b in subject.adapter.backends if b.retainable and b.is_available(device)]
+    for backend in candidates:
+        if backend.name == subject.adapter.default_backend:
+            return backend.name
+    if candidates and subject.adapter.set_backend is not None:
+        return candidates[0].name
+    if not subject.adapter.backends and subject.adapter.default_backend is None:
+        pytest.skip(f"adapter {subject.adapter.name!r} declares no attention backend")
+    pytest.skip(
+        f"adapter {subject.adapter.name!r} declares no retainable attention backend that runs on "
+        f"{torch.device(device).type} here and can be selected"
+    )
+
+
+def _blocks(subject: Subject, model: nn.Module) -> dict[str, nn.Module]:
+    containers = resolve_containers(model, subject.model.containers, f"adapter {subject.adapter.name!r}")
+    return {fqn: block for _, blocks in containers for fqn, block in blocks}
+
+
+def _calls_per_block(subject: Subject, backend: AttentionBackend, device: str) -> tuple[dict[str, int], int]:
+    """Kernel calls of ``backend`` per declared block in one plain forward, checked against attention_calls."""
+    case = build(subject, device, backend=backend.name)
+    blocks = _blocks(subject, case.model)
+    with torch.no_grad(), attribute_ops(blocks, named_op_matcher(backend.ops)) as counts:
+        case.run()
+    per_block = {fqn: counts.get(fqn, 0) for fqn in blocks}
+    problems = []
+    for fqn, block in blocks.items():
+        cls = type(block).__name__
+        declared = subject.model.attention_calls.get(cls)
+        if declared is None:
+            problems.append(f"attention_calls declares nothing for block class {cls} (at {fqn})")
+        elif per_block[fqn] != declared:
+            problems.append(
+                f"block {fqn} ({cls}) ran {backend.name!r}'s kernel {per_block[fqn]} times in one forward; "
+                f"attention_calls declares {declared}"
+            )
+    if problems:
+        raise AssertionError(
+            f"{subject.id} on backend {backend.name!r} ({device}), kernel ops {list(backend.ops)}:\n  - "
+            + "\n  - ".join(sorted(set(problems)))
+        )
+    return per_block, counts.get(None, 0)
+
+
+def check_attention_retained(
+    subject: Subject, backend: str, device: str = "cpu", *, context: AttentionContext = no_context
+) -> AttentionCounts:
+    """Under ``ops`` on a retainable ``backend``: its kernel runs once per attention call in forward, zero in backward.
+
+    The calls per block must equal ``attention_calls``; every retained output must still be alive
+    and on the compute device when forward ends (also under ``context``, e.g. activation offload).
+    """
+    require_tiny(subject)
+    declared = available_backend(subject, backend, device)
+    if not declared.retainable:
+        raise ValueError(f"backend {backend!r} is declared not retainable; use check_not_retainable_backend")
+    per_block, outside = _calls_per_block(subject, declared, device)
+    case = build(subject, device, backend=declared.name)
+    apply_activation_checkpointing(case.model, "ops", adapter=subject.adapter)
+    compute = torch.device(device).type
+    with record_retained() as retained, OpCounter() as counter, context(case.model, device):
+        loss = case.run()
+        dead = [out.op for out in retained.outputs if not out.alive]
+        elsewhere = sorted({f"{out.op} on {out.device}" for out in retained.outputs if out.device.type != compute})
+        loss.backward()
+    counts = AttentionCounts(
+        per_block, outside, counter.count(declared.ops, "forward"), counter.count(declared.ops, "backward")
+    )
+    total = sum(per_block.values()) + outside
+    what = f"{subject.id} under ops on backend {declared.name!r} ({device})"
+    assert counts.forward == total, (
+        f"{what}: the attention kernel ran {counts.forward} times in forward, expected once per attention call "
+        f"({total})"
+    )
+    assert counts.backward == 0, (
+        f"{what}: the attention kernel ran {counts.backward} times in backward; 'ops' should have retained its "
+        f"output (declared ops {list(declared.ops)} are not what this backend runs?)"
+    )
+    kept = retained.op_names & set(declared.ops)
+    assert kept, f"{what}: 'ops' retained none of the backend's ops; it retained {sorted(retained.op_names)}"
+    assert not dead, f"{what}: retained outputs of {sorted(set(dead))} were freed before forward ended"
+    assert not elsewhere, f"{what}: retained outputs left the compute device ({compute}): {elsewhere}"
+    return counts
+
+
+def check_attention_recomputed(subject: Subject, policy: str, device: str = "cpu", *, n_layer: int = 2) -> int:
+    """Under ``full``/``block_skip``: backward reruns exactly the checkpointed blocks' attention calls.
+
+    Returns the number of kernel calls recomputed.
+    """
+    backend = available_backend(subject, preferred_retainable_backend(subject, device), device)
+    per_block, outside = _calls_per_block(subject, backend, device)
+    case = build(subject, device, backend=backend.name)
+    apply_activation_checkpointing(case.model, policy, n_layer, adapter=subject.adapter)
+    expected = sum(per_block[fqn] for fqn in checkpointed_blocks(case.model))
+    with OpCounter() as counter:
+        case.run().backward()
+    forward, backward = counter.count(backend.ops, "forward"), counter.count(backend.ops, "backward")
+    what = f"{subject.id} under {policy} (n_layer={n_layer}) on backend {backend.name!r} ({device})"
+    assert forward == sum(per_block.values()) + outside, f"{what}: {forward} kernel calls in forward"
+    assert backward == expected, (
+        f"{what}: backward recomputed the attention kernel {backward} times; the checkpointed blocks make "
+        f"{expected} calls"
+    )
+    return backward
+
+
+def check_not_retainable_backend(subject: Subject, backend: str, device: str = "cpu") -> str:
+    """A backend declared not retainable: ``ops`` logs the "retained nothing" warning once, and trains like plain.
+
+    Returns the warning's message.
+    """
+    require_tiny(subject)
+    declared = available_backend(subject, backend, device)
+    if declared.retainable:
+        raise ValueError(f"backend {backend!r} is declared retainable; use check_attention_retained")
+    expected = plain_step(subject, device, backend=declared.name)
+    case = build(subject, device, backend=declared.name)
+    apply_activation_checkpointing(case.model, "ops", adapter=subject.adapter)
+    _reset_warnings()  # once per process: start as a fresh process would
+    with capture_logs() as records:
+        got = train_step(case)
+        for parameter in case.model.parameters():
+            parameter.grad = None
+        case.run().backward()
+    warnings = [r.getMessage() for r in records if "retained nothing" in r.getMessage()]
+    what = f"{subject.id} under ops on backend {declared.name!r} ({device}), declared not retainable"
+    assert len(warnings) == 1, f"{what}: expected one 'retained nothing' warning over two steps, got {len(warnings)}"
+    assert_same_step(got, expected, EAGER_TOLERANCE, what)
+    return warnings[0]
+
+
+__all__ = [
+    "AttentionContext",
+    "AttentionCounts",
+    "available_backend",
+    "check_attention_recomputed",
+    "check_attention_retained",
+    "check_not_retainable_backend",
+    "no_context",
+    "preferred_retainable_backend",
+]

@@ -1,0 +1,73 @@
+"""Check 6: torch.compile of a checkpointed model gives the eager loss and gradients."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ac_core import apply_activation_checkpointing
+
+from ..subjects import Subject
+from ..training import (
+    EAGER_TOLERANCE,
+    INDUCTOR_TOLERANCE,
+    Step,
+    Tolerance,
+    assert_same_step,
+    build,
+    fresh_compile,
+    plain_step,
+)
+from ..training import step as train_step
+
+COMPILE_BACKEND_ENV = "AC_CORE_COMPILE_BACKEND"
+"""Environment variable naming the torch.compile backend of check 6 when no option or attribute does."""
+
+DEFAULT_COMPILE_BACKEND = "aot_eager"
+"""aot_eager traces forward and backward through AOTAutograd, as inductor does, in seconds instead of a minute."""
+
+
+def compile_backend(choice: str | None = None) -> str:
+    """``choice``, else ``$AC_CORE_COMPILE_BACKEND``, else ``aot_eager``."""
+    return choice or os.environ.get(COMPILE_BACKEND_ENV) or DEFAULT_COMPILE_BACKEND
+
+
+def compile_tolerance(backend: str) -> Tolerance:
+    """Eager tolerance for graph-capturing backends that run the same kernels; inductor's for the rest."""
+    return EAGER_TOLERANCE if backend in ("eager", "aot_eager") else INDUCTOR_TOLERANCE
+
+
+def _graphs_compiled() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def check_compile(
+    subject: Subject, policy: str, device: str = "cpu", *, backend: str | None = None, n_layer: int = 2
+) -> Step:
+    """``torch.compile(model)`` with ``policy`` applied trains like the plain eager model.
+
+    Tolerance: the eager one for ``aot_eager``, :data:`INDUCTOR_TOLERANCE` for inductor.
+    """
+    name = compile_backend(backend)
+    expected = plain_step(subject, device)
+    case = build(subject, device)
+    apply_activation_checkpointing(case.model, policy, n_layer, adapter=subject.adapter)
+    with fresh_compile():
+        graphs = _graphs_compiled()
+        case.model = torch.compile(case.model, backend=name)
+        got = train_step(case)
+        graphs = _graphs_compiled() - graphs
+    what = f"{subject.id} under {policy} on {device}, torch.compile(backend={name!r}) vs plain eager"
+    assert graphs > 0, f"{what}: dynamo compiled no graph (it fell back to eager)"
+    assert_same_step(got, expected, compile_tolerance(name), what)
+    return got
+
+
+__all__ = [
+    "COMPILE_BACKEND_ENV",
+    "DEFAULT_COMPILE_BACKEND",
+    "check_compile",
+    "compile_backend",
+    "compile_tolerance",
+]

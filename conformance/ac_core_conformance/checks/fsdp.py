@@ -1,0 +1,66 @@
+"""Check 7: FSDP2 on every block and the root, with each policy, trains like a single plain process."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from ac_core import DEFAULT_RETAINED_OPS
+from ac_core.spec import is_collective
+
+from ..distributed import fsdp_steps
+from ..subjects import Subject, portable_ref
+from ..training import EAGER_TOLERANCE, Step, assert_same_step, plain_step, require_tiny
+
+WORLD_SIZE = 2
+"""CPU ranks (gloo) the check spawns."""
+
+
+def _default_backend_retains(subject: Subject) -> bool:
+    name = subject.adapter.default_backend
+    if name is None:
+        return False
+    backend = subject.adapter.backend(name)
+    return backend.retainable and backend.is_available("cpu")
+
+
+def check_fsdp(
+    subject: Subject, policies: Sequence[str] = ("full", "ops", "block_skip"), *, n_layer: int = 2
+) -> dict[str, frozenset[str]]:
+    """For each policy, one step on two gloo ranks equals a single plain process; ``ops`` retains no collective.
+
+    All policies run in one pair of spawned ranks (a spawn costs seconds of imports). Under ``ops``
+    the retained ops are the adapter's or PyTorch's attention kernels, never a collective such as
+    an FSDP all-gather. Returns the op names retained per policy.
+    """
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not built into this torch")
+    require_tiny(subject)
+    expected = plain_step(subject, "cpu")
+    results = fsdp_steps(portable_ref(subject.ref), subject.model.cls, list(policies), n_layer, WORLD_SIZE)
+    failures = []
+    for policy in policies:
+        result = results[policy]
+        what = f"{subject.id} under {policy} with FSDP2 on {WORLD_SIZE} gloo ranks vs one plain process"
+        try:
+            assert_same_step(Step(result.loss, result.grads), expected, EAGER_TOLERANCE, what)
+            collectives = sorted(op for op in result.retained_ops if is_collective(op))
+            assert not collectives, f"{what}: retained collective outputs {collectives}"
+            if policy == "ops":
+                allowed = subject.adapter.retained_ops() | DEFAULT_RETAINED_OPS
+                unexpected = sorted(op for op in result.retained_ops if op.partition(".")[0] not in allowed)
+                assert not unexpected, f"{what}: retained ops that are no attention kernel: {unexpected}"
+                if _default_backend_retains(subject):
+                    assert result.retained_ops, f"{what}: 'ops' retained nothing on the default backend"
+            else:
+                assert not result.retained_ops, f"{what}: retained {sorted(result.retained_ops)} without 'ops'"
+        except AssertionError as exc:
+            failures.append(str(exc))
+    if failures:
+        raise AssertionError("\n".join(failures))
+    return {policy: results[policy].retained_ops for policy in policies}
+
+
+__all__ = ["WORLD_SIZE", "check_fsdp"]

@@ -1,0 +1,230 @@
+"""The conformance suite as pytest classes: subclass one, point it at an adapter, and pytest runs the checks.
+
+Every test is parametrized, by :meth:`AdapterTests.pytest_generate_tests`, over what its arguments
+name: ``subject`` (adapter x model class), ``policy``, ``recompute_policy``, ``device`` (``cuda``
+marked and skipped where absent), ``retainable_backend`` / ``unretainable_backend`` (the adapter's
+declared backends of that kind) and ``attention_context`` (see ``attention_contexts``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+import torch
+
+from .checks import (
+    AttentionContext,
+    check_attention_recomputed,
+    check_attention_retained,
+    check_compile,
+    check_coverage,
+    check_fsdp,
+    check_gradients,
+    check_gradients_with_dropout,
+    check_library_checkpointing,
+    check_memory,
+    check_names,
+    check_not_retainable_backend,
+    check_save_pretrained,
+    compile_backend,
+    no_context,
+)
+from .subjects import AdapterRef, Subject, subjects_of
+
+POLICIES = ("full", "ops", "block_skip")
+"""The policies every check runs under (``block_skip`` with ``n_layer``)."""
+
+RECOMPUTE_POLICIES = ("full", "block_skip")
+
+DEVICES = ("cpu", "cuda")
+"""CPU always; CUDA where present (tests marked ``cuda``)."""
+
+_DIMENSIONS = (
+    "policy",
+    "recompute_policy",
+    "device",
+    "retainable_backend",
+    "unretainable_backend",
+    "attention_context",
+)
+
+ADAPTER_OPTION = "ac_core_adapter"
+COMPILE_BACKEND_OPTION = "ac_core_compile_backend"
+
+
+def _device_param(device: str) -> Any:
+    if device == "cuda":
+        return pytest.param(
+            device,
+            id=device,
+            marks=(pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+        )
+    return pytest.param(device, id=device)
+
+
+class AdapterTests:
+    """Base of the check classes: which adapter to check, and how to parametrize over it.
+
+    Set ``adapter`` to an AdapterSpec, a registered adapter name, or ``"module:attr"``; left ``None``,
+    the adapters come from ``pytest --ac-core-adapter NAME`` (repeatable).
+    """
+
+    adapter: AdapterRef | None = None
+    n_layer: int = 2
+    """``block_skip`` checkpoints blocks 0, n_layer, 2*n_layer, ... of each container."""
+    devices: Sequence[str] = DEVICES
+    compile_backend: str | None = None
+    """torch.compile backend of check 6; None: ``--ac-core-compile-backend``, ``$AC_CORE_COMPILE_BACKEND``,
+    else ``aot_eager``."""
+    attention_contexts: Mapping[str, AttentionContext] = MappingProxyType({"plain": no_context})
+    """Contexts entered around forward and backward of check 3, by id. Add one (e.g. activation offload)
+    to run the retention check under it as well."""
+
+    def _adapter_refs(self, config: pytest.Config) -> list[AdapterRef]:
+        if self.adapter is not None:
+            return [self.adapter]
+        return list(config.getoption(ADAPTER_OPTION, None) or [])
+
+    def _dimension(self, name: str, subject: Subject) -> list[Any]:
+        if name in ("policy", "recompute_policy"):
+            return [pytest.param(p, id=p) for p in (POLICIES if name == "policy" else RECOMPUTE_POLICIES)]
+        if name == "device":
+            return [_device_param(d) for d in self.devices]
+        if name in ("retainable_backend", "unretainable_backend"):
+            retainable = name == "retainable_backend"
+            return [pytest.param(b.name, id=b.name) for b in subject.adapter.backends if b.retainable == retainable]
+        if name == "attention_context":
+            return [pytest.param(key, id=key) for key in self.attention_contexts]
+        raise KeyError(name)
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "subject" not in metafunc.fixturenames:
+            return
+        refs = self._adapter_refs(metafunc.config)
+        dims = [name for name in _DIMENSIONS if name in metafunc.fixturenames]
+        argnames = ["subject", *dims]
+        if not refs:
+            reason = "no adapter to check: set `adapter` on the test class, or pass --ac-core-adapter NAME|module:attr"
+            values = [pytest.param(*([None] * len(argnames)), id="no-adapter", marks=pytest.mark.skip(reason=reason))]
+            metafunc.parametrize(argnames, values)
+            return
+        values = []
+        for subject in (s for ref in refs for s in subjects_of(ref)):
+            for combo in itertools.product(*(self._dimension(d, subject) for d in dims)):
+                marks = [m for p in combo for m in p.marks]
+                ids = [subject.id, *(p.id for p in combo)]
+                values.append(pytest.param(subject, *(p.values[0] for p in combo), id="-".join(ids), marks=marks))
+        metafunc.parametrize(argnames, values)
+
+
+class CoverageTests(AdapterTests):
+    """Check 1: exactly the declared blocks are checkpointed; no container of blocks goes unnoticed."""
+
+    def test_coverage(self, subject: Subject, policy: str) -> None:
+        check_coverage(subject, policy, n_layer=self.n_layer)
+
+
+class GradientTests(AdapterTests):
+    """Check 2: loss and every gradient equal the plain model's, with dropout too."""
+
+    def test_gradients(self, subject: Subject, policy: str, device: str) -> None:
+        check_gradients(subject, policy, device, n_layer=self.n_layer)
+
+    def test_gradients_with_dropout(self, subject: Subject, policy: str, device: str) -> None:
+        check_gradients_with_dropout(subject, policy, device, n_layer=self.n_layer)
+
+
+class AttentionTests(AdapterTests):
+    """Check 3: attention retained under ``ops``, recomputed under the others, declared calls per block."""
+
+    def test_attention_retained(
+        self, subject: Subject, retainable_backend: str, device: str, attention_context: str
+    ) -> None:
+        context = self.attention_contexts[attention_context]
+        check_attention_retained(subject, retainable_backend, device, context=context)
+
+    def test_attention_recomputed(self, subject: Subject, recompute_policy: str, device: str) -> None:
+        check_attention_recomputed(subject, recompute_policy, device, n_layer=self.n_layer)
+
+    def test_not_retainable_backend_warns_and_trains(
+        self, subject: Subject, unretainable_backend: str, device: str
+    ) -> None:
+        check_not_retainable_backend(subject, unretainable_backend, device)
+
+
+class MemoryTests(AdapterTests):
+    """Check 4: bytes held for backward, full < ops < none; the figures are printed (``-s`` or ``-rA``)."""
+
+    def test_memory(self, subject: Subject, device: str) -> None:
+        held = check_memory(subject, device, n_layer=self.n_layer)
+        figures = "  ".join(f"{policy}={n:,} B" for policy, n in held.items())
+        print(f"ac-core held for backward, {subject.id} on {device}: {figures}")
+
+
+class NameTests(AdapterTests):
+    """Check 5: names unchanged; save_pretrained/from_pretrained round trip where the model has them."""
+
+    def test_names(self, subject: Subject, policy: str) -> None:
+        check_names(subject, policy, n_layer=self.n_layer)
+
+    def test_save_pretrained_round_trip(self, subject: Subject, policy: str) -> None:
+        check_save_pretrained(subject, policy, n_layer=self.n_layer)
+
+
+class CompileTests(AdapterTests):
+    """Check 6: torch.compile of the checkpointed model trains like eager."""
+
+    def test_compile(self, subject: Subject, policy: str, device: str, request: pytest.FixtureRequest) -> None:
+        backend = compile_backend(self.compile_backend or request.config.getoption(COMPILE_BACKEND_OPTION, None))
+        check_compile(subject, policy, device, backend=backend, n_layer=self.n_layer)
+
+
+class FSDPTests(AdapterTests):
+    """Check 7: FSDP2 on two gloo ranks equals a single plain process, for every policy."""
+
+    def test_fsdp2(self, subject: Subject) -> None:
+        check_fsdp(subject, POLICIES, n_layer=self.n_layer)
+
+
+class LibraryCheckpointingTests(AdapterTests):
+    """Check 8: the library's own gradient checkpointing is turned off with a warning, and training is right."""
+
+    def test_library_checkpointing_taken_over(self, subject: Subject, policy: str) -> None:
+        check_library_checkpointing(subject, policy, n_layer=self.n_layer)
+
+
+class AdapterConformance(
+    CoverageTests,
+    GradientTests,
+    AttentionTests,
+    MemoryTests,
+    NameTests,
+    CompileTests,
+    FSDPTests,
+    LibraryCheckpointingTests,
+):
+    """The whole conformance suite. Subclass it as ``Test...`` and set ``adapter``::
+
+    class TestMyAdapter(AdapterConformance):
+        adapter = "my-adapter"  # or the AdapterSpec, or "my_package.adapter:SPEC"
+    """
+
+
+__all__ = [
+    "DEVICES",
+    "POLICIES",
+    "AdapterConformance",
+    "AdapterTests",
+    "AttentionTests",
+    "CompileTests",
+    "CoverageTests",
+    "FSDPTests",
+    "GradientTests",
+    "LibraryCheckpointingTests",
+    "MemoryTests",
+    "NameTests",
+]

@@ -1,0 +1,187 @@
+"""The suite can fail: each deliberately false declaration makes the check that owns it fail, by name."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from ac_core import AdapterError, ExcludedContainer, ModelCase, apply_activation_checkpointing, checkpointed_blocks
+from ac_core.testing import TOY_ADAPTER
+from ac_core_conformance import (
+    check_attention_recomputed,
+    check_attention_retained,
+    check_coverage,
+    check_gradients,
+    check_library_checkpointing,
+    check_memory,
+    check_names,
+    check_not_retainable_backend,
+    portable_ref,
+)
+from ac_core_conformance.training import build
+
+from .broken import (
+    MATH_CLAIMED_RETAINABLE,
+    REFINER_EXCLUDED,
+    SDPA_CLAIMED_NOT_RETAINABLE,
+    WRONG_CALLS,
+    ToyWithAttentionList,
+    ToyWithLibraryCheckpointing,
+    ToyWithMlpList,
+    ToyWithRefiner,
+    spec,
+    subject,
+    toy_adapter,
+)
+
+
+@pytest.mark.parametrize("policy", ["full", "block_skip"])
+def test_undeclared_container_of_blocks_fails_naming_it(policy):
+    with pytest.raises(AssertionError, match=r"'refiner' holds blocks \(ToyBlock at refiner.0\)"):
+        check_coverage(subject(spec(ToyWithRefiner)), policy)
+
+
+def test_declared_excluded_container_passes_and_stays_unchecked():
+    report = check_coverage(subject(REFINER_EXCLUDED), "full")
+    assert sorted(report.checkpointed) == ["layers.0", "layers.1", "layers.2"]
+
+
+def test_container_running_attention_is_found_without_any_class_hint():
+    with pytest.raises(AssertionError, match="'refiner' runs attention in its elements"):
+        check_coverage(subject(spec(ToyWithAttentionList)), "ops")
+
+
+def test_container_of_the_models_own_no_split_modules_is_found():
+    with pytest.raises(AssertionError, match=r"'refiner' holds blocks \(Mlp at refiner.0\)"):
+        check_coverage(subject(spec(ToyWithMlpList)), "full")
+
+
+def test_renamed_container_fails_naming_it():
+    with pytest.raises(AssertionError, match=r"renamed upstream.*'blocks'"):
+        check_coverage(subject(toy_adapter(containers=("blocks",))), "full")
+
+
+def test_renamed_excluded_container_fails_naming_it():
+    adapter = spec(ToyWithRefiner, excluded=(ExcludedContainer("token_refiner", "few tokens"),))
+    with pytest.raises(AssertionError, match="excluded container 'token_refiner' does not exist"):
+        check_coverage(subject(adapter), "full")
+
+
+def test_wrong_attention_calls_fail():
+    with pytest.raises(AssertionError, match=r"layers.0 \(ToyBlock\) ran 'sdpa'.s kernel 1 times.*declares 2"):
+        check_attention_retained(subject(WRONG_CALLS), "sdpa")
+    with pytest.raises(AssertionError, match="declares 2"):
+        check_attention_recomputed(subject(WRONG_CALLS), "full")
+
+
+def test_undeclared_block_class_in_attention_calls_fails():
+    with pytest.raises(AssertionError, match="attention_calls declares nothing for block class ToyBlock"):
+        check_attention_retained(subject(toy_adapter(attention_calls={})), "sdpa")
+
+
+def test_false_retainable_claim_fails():
+    with pytest.raises(AssertionError, match=r"ran 'math'.s kernel 0 times"):
+        check_attention_retained(subject(MATH_CLAIMED_RETAINABLE), "math")
+
+
+def test_false_retainable_claim_shows_in_memory_too():
+    # 'ops' retains nothing on this backend, so it holds what 'full' holds.
+    with pytest.raises(AssertionError, match="expected full < ops < none"):
+        check_memory(subject(MATH_CLAIMED_RETAINABLE))
+
+
+def test_false_not_retainable_claim_fails():
+    with pytest.raises(AssertionError, match="expected one 'retained nothing' warning over two steps, got 0"):
+        check_not_retainable_backend(subject(SDPA_CLAIMED_NOT_RETAINABLE), "sdpa")
+
+
+def test_prepare_that_changes_the_numbers_fails_gradients():
+    def scale_head(model):
+        with torch.no_grad():
+            model.head.weight.mul_(2)
+
+    with pytest.raises(AssertionError, match=r"gradients differ|loss"):
+        check_gradients(subject(replace(TOY_ADAPTER, name="bad-prepare", prepare=scale_head)), "ops")
+
+
+def test_prepare_that_adds_state_fails_names():
+    def add_buffer(model):
+        model.register_buffer("step_count", torch.zeros(()))
+
+    with pytest.raises(AssertionError, match=r"state_dict\(\) changed: \['step_count'\]"):
+        check_names(subject(replace(TOY_ADAPTER, name="bad-names", prepare=add_buffer)), "full")
+
+
+def test_library_checkpointing_is_taken_over():
+    message = check_library_checkpointing(subject(spec(ToyWithLibraryCheckpointing)), "ops")
+    assert "ToyWithLibraryCheckpointing" in message and "disable_gradient_checkpointing()" in message
+
+
+def test_build_rejects_a_factory_of_another_class():
+    adapter = toy_adapter(tiny=lambda: ModelCase(nn.Linear(4, 4), {"input": torch.randn(2, 4)}, torch.sum))
+    with pytest.raises(AssertionError, match="builds a Linear, which the ModelSpec"):
+        build(subject(adapter))
+
+
+def test_portable_refs_for_spawned_ranks():
+    assert portable_ref(TOY_ADAPTER) == "ac_core.testing:TOY_ADAPTER"
+    assert portable_ref(WRONG_CALLS) == "tests.conformance.broken:WRONG_CALLS"
+    assert portable_ref("pkg.mod:SPEC") == "pkg.mod:SPEC"
+    assert portable_ref("cogvideox") == "cogvideox"  # an installed entry point
+    with pytest.raises(AdapterError, match="registered only in this process"):
+        portable_ref(toy_adapter("made-in-a-function"))
+
+
+def test_checkpointed_blocks_of_excluded_container_stay_plain():
+    case = build(subject(REFINER_EXCLUDED))
+    apply_activation_checkpointing(case.model, "full", adapter=REFINER_EXCLUDED)
+    assert not any(name.startswith("refiner") for name in checkpointed_blocks(case.model))
+
+
+def _pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_named_to_pytest_the_suite_fails_the_false_check_only(tmp_path):
+    result = _pytest(
+        "--pyargs",
+        "ac_core_conformance",
+        "--ac-core-adapter",
+        "tests.conformance.broken:WRONG_CALLS",
+        "-k",
+        "attention_retained or coverage",
+        cwd=tmp_path,
+    )
+    out = result.stdout
+    assert result.returncode == 1, out + result.stderr
+    assert "FAILED " in out and "test_attention_retained[wrong-calls-ToyTransformer-cpu-sdpa-plain]" in out
+    assert "3 passed" in out and "1 failed" in out, out
+
+
+def test_unknown_adapter_is_a_usage_error_listing_the_registered_ones(tmp_path):
+    result = _pytest("--pyargs", "ac_core_conformance", "--ac-core-adapter", "no-such-adapter", cwd=tmp_path)
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR
+    assert "--ac-core-adapter no-such-adapter: no adapter named 'no-such-adapter'" in result.stderr
+    assert "Registered adapters here: ['cogvideox'" in result.stderr
+
+
+def test_without_an_adapter_the_packaged_suite_skips_saying_why(tmp_path):
+    result = _pytest("--pyargs", "ac_core_conformance", "-k", "coverage", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout
+    assert "no adapter to check" in result.stdout
