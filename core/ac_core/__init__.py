@@ -12,6 +12,20 @@ from .checkpointing import (
     remove_activation_checkpointing,
 )
 from .errors import AdapterError, ConflictingCheckpointError, UnsupportedVersionError
+from .offload import (
+    Kept,
+    OffloadConfig,
+    OffloadSession,
+    OffloadStats,
+    OffloadTransport,
+    activation_offload_context,
+    apply_activation_offload,
+    last_offload_stats,
+    no_offload,
+    offload_activations,
+    remove_activation_offload,
+    use_offload_transport,
+)
 from .ops import DEFAULT_RETAINED_OPS
 from .policy import CheckpointType, resolve_checkpointing_type
 from .registry import (
@@ -34,16 +48,28 @@ __all__ = [
     "CheckpointType",
     "ConflictingCheckpointError",
     "ExcludedContainer",
+    "Kept",
     "ModelCase",
     "ModelSpec",
+    "OffloadConfig",
+    "OffloadSession",
+    "OffloadStats",
+    "OffloadTransport",
     "UnsupportedVersionError",
+    "activation_offload_context",
     "apply_activation_checkpointing",
+    "apply_activation_offload",
     "checkpointed_blocks",
     "get_adapter",
     "is_activation_checkpointed",
+    "last_offload_stats",
+    "no_offload",
+    "offload_activations",
     "register_adapter",
     "registered_adapters",
     "remove_activation_checkpointing",
+    "remove_activation_offload",
     "resolve_checkpointing_type",
     "unregister_adapter",
+    "use_offload_transport",
 ]

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .offload import _regions as offload_regions
 from .ops import RetentionRecord, selective_context, warn_nothing_retained
 from .policy import CheckpointType
 
@@ -58,6 +59,24 @@ def _call_plain(block: nn.Module, *args, **kwargs):
     return type(block).forward(block, *args, **kwargs)
 
 
+def _call_plain_by_position(block: nn.Module, names: tuple[str, ...], *args):
+    split = len(args) - len(names)
+    return _call_plain(block, *args[:split], **dict(zip(names, args[split:], strict=True)))
+
+
+def _checkpoint(block: nn.Module, args: tuple, kwargs: dict, **options):
+    """torch.utils.checkpoint of the block's plain forward, marked as a checkpoint for activation offload."""
+    if torch.compiler.is_compiling() or not offload_regions.session_active():
+        return checkpoint(_call_plain, block, *args, use_reentrant=False, **options, **kwargs)
+    # checkpoint keeps keyword arguments in a closure, out of reach of saved-tensor hooks; passed by
+    # position they are saved like the others, so offload can move them (checkpoint_inputs).
+    names = tuple(kwargs)
+    with offload_regions.checkpoint_inputs_scope():
+        return checkpoint(
+            _call_plain_by_position, block, names, *args, *kwargs.values(), use_reentrant=False, **options
+        )
+
+
 def _checkpointed_forward(self: nn.Module, *args, **kwargs):
     state: BlockCheckpoint = getattr(self, STATE_ATTR)
     if not torch.is_grad_enabled():
@@ -65,31 +84,16 @@ def _checkpointed_forward(self: nn.Module, *args, **kwargs):
     # RNG state is saved and replayed only where a stochastic op is live: it costs a copy per call.
     preserve_rng = _has_active_randomness(self)
     if state.kind is not CheckpointType.OPS:
-        return checkpoint(_call_plain, self, *args, use_reentrant=False, preserve_rng_state=preserve_rng, **kwargs)
+        return _checkpoint(self, args, kwargs, preserve_rng_state=preserve_rng)
     if torch.compiler.is_compiling():
+        # Under torch.compile context_fn must be a partial of constants, so nothing is recorded.
         context_fn = functools.partial(selective_context, state.retained)
-        return checkpoint(
-            _call_plain,
-            self,
-            *args,
-            use_reentrant=False,
-            preserve_rng_state=preserve_rng,
-            context_fn=context_fn,
-            **kwargs,
-        )
+        return _checkpoint(self, args, kwargs, preserve_rng_state=preserve_rng, context_fn=context_fn)
     # torch 2.13 no longer calls the policy during recompute, so a block that retained nothing
     # is detected here, right after its forward, from what the policy saw.
     record = RetentionRecord()
     context_fn = functools.partial(selective_context, state.retained, record)
-    out = checkpoint(
-        _call_plain,
-        self,
-        *args,
-        use_reentrant=False,
-        preserve_rng_state=preserve_rng,
-        context_fn=context_fn,
-        **kwargs,
-    )
+    out = _checkpoint(self, args, kwargs, preserve_rng_state=preserve_rng, context_fn=context_fn)
     if not record.retained and state.expects_attention:
         warn_nothing_retained(type(self).__name__, record)
     return out

@@ -12,6 +12,8 @@ from ._conflicts import check_foreign_wrappers, disable_library_checkpointing
 from ._containers import module_lists, resolve_containers
 from ._versions import check_version
 from .errors import AdapterError
+from .offload import OffloadConfig
+from .offload import model as offload_model
 from .ops import DEFAULT_RETAINED_OPS, retained_op_names
 from .policy import CheckpointType, coerce_checkpoint_type
 from .registry import get_adapter
@@ -73,6 +75,7 @@ def apply_activation_checkpointing(
     adapter: AdapterSpec | str | None = None,
     blocks: Sequence[str] | None = None,
     retain_ops: Iterable[str] = (),
+    offload: OffloadConfig | None = None,
 ) -> nn.Module:
     """Checkpoint ``model``'s blocks in place by policy and return the same model.
 
@@ -82,15 +85,26 @@ def apply_activation_checkpointing(
     in their container is a multiple of ``n_layer``. The adapter is found from the model's class,
     or named (a string), or given as a spec; ``blocks=["layers"]`` serves a model no adapter does.
     Parameter, module and state_dict names are unchanged. Applying again replaces the earlier policy.
+
+    ``offload=OffloadConfig(min_tokens=...)`` also offloads activations to host memory in every forward
+    whose token count (from the adapter's ``token_count``, or ``OffloadConfig.token_count``, which
+    ``blocks=`` without an adapter requires) reaches ``min_tokens``; see :class:`OffloadConfig`.
     """
     kind = coerce_checkpoint_type(checkpointing_type)
     _check_n_layer(n_layer)
+    if offload is not None and not isinstance(offload, OffloadConfig):
+        raise TypeError(f"offload takes an OffloadConfig, e.g. OffloadConfig(min_tokens=32768); got {offload!r}")
     spec: AdapterSpec | None = None
     if adapter is not None or blocks is None:
         spec = get_adapter(model if adapter is None else adapter)
     retained = retained_op_names(DEFAULT_RETAINED_OPS, spec.retained_ops() if spec else (), retain_ops)
     check_foreign_wrappers(model)
     plan = _plan(model, kind, n_layer, spec, blocks)
+    if offload is not None:
+        kept = offload_model.kept_modules(model, offload)
+        count, source = None, ""
+        if offload.enabled:
+            count, source = offload_model.token_counter(model, offload, spec, explicit_blocks=blocks is not None)
 
     # Everything is validated: from here on the model changes.
     disable_library_checkpointing(model)
@@ -102,18 +116,22 @@ def apply_activation_checkpointing(
     attention_free = {name for name, calls in model_spec.attention_calls.items() if calls == 0} if model_spec else set()
     for _, block, block_kind in plan:
         _forward.install(block, block_kind, retained, expects_attention=type(block).__name__ not in attention_free)
+    if offload is not None:
+        offload_model.install(model, offload, count, source, kept)
     logger.info(
-        "ac-core: %s checkpointing on %d blocks of %s%s",
+        "ac-core: %s checkpointing on %d blocks of %s%s%s",
         kind.value,
         len(plan),
         type(model).__name__,
         f" (adapter {spec.name!r})" if spec else "",
+        f", offload from {offload.min_tokens} tokens" if offload is not None and offload.enabled else "",
     )
     return model
 
 
 def remove_activation_checkpointing(model: nn.Module) -> nn.Module:
-    """Restore the plain forward of every block ac-core checkpointed in ``model``; returns ``model``."""
+    """Restore the plain forward of every block ac-core checkpointed in ``model``, and remove its offload."""
+    offload_model.uninstall(model)  # first: a keep_on_device wrapper may sit over a block's checkpoint
     for module in model.modules():
         _forward.uninstall(module)
     return model
