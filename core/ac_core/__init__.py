@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from .blocks import model_blocks
 from .checkpointing import (
     apply_activation_checkpointing,
     checkpointed_blocks,
@@ -41,6 +42,7 @@ __all__ = [
     "checkpointed_blocks",
     "get_adapter",
     "is_activation_checkpointed",
+    "model_blocks",
     "register_adapter",
     "registered_adapters",
     "remove_activation_checkpointing",
