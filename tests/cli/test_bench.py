@@ -123,7 +123,7 @@ def test_a_preset_sized_by_layers_and_seq(tmp_path):
         (["--adapter", "toy", "--policy", "fastest"], "valid values: all, none, full, ops, block_skip, library"),
         (
             ["--adapter", "toy", "--preset", "huge"],
-            "unknown preset 'huge' for adapter(s) toy; valid values: tiny, toy-wide",
+            "preset 'huge' is not offered by adapter(s) toy; valid values: tiny, toy-wide",
         ),
         (["--adapter", "toy", "--layers", "2"], "the tiny preset has a fixed config. Choose a preset: toy-wide"),
         (["--adapter", "toy", "--plot", "out.jpg"], "--plot writes a PNG"),

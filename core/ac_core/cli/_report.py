@@ -128,8 +128,12 @@ def write_plot(path: Path, rows: Sequence[Row], env: dict[str, Any]) -> None:
             xs = [100 * r.recompute_overhead for r in points]
             ys = [r.activation_peak_bytes / 2**20 for r in points]
             ax.scatter(xs, ys, color=f"C{index}", label=model, zorder=3)
+            # Policies that land on the same point (e.g. full and the library's own) share one label.
+            labels: dict[tuple[float, float], list[str]] = {}
             for r, x, y in zip(points, xs, ys, strict=True):
-                ax.annotate(r.label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+                labels.setdefault((round(x, 3), round(y, 3)), []).append(r.label or "")
+            for (x, y), names in labels.items():
+                ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
         ax.margins(x=0.2, y=0.15)  # room for the labels
         ax.set_title(adapter)
         ax.set_xlabel("recompute overhead (% FLOPs over none)")

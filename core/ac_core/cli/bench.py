@@ -74,8 +74,8 @@ class Variant:
         if self.policy == NONE:
             return "no checkpointing"
         if self.policy == LIBRARY:
-            for enable, _ in LIBRARY_METHODS:
-                if callable(getattr(model, enable, None)):
+            for enable, disable in LIBRARY_METHODS:
+                if callable(getattr(model, enable, None)) and callable(getattr(model, disable, None)):
                     try:
                         getattr(model, enable)()
                     except (ValueError, NotImplementedError) as exc:
@@ -87,9 +87,10 @@ class Variant:
         return f"{len(checkpointed_blocks(model))} blocks checkpointed"
 
     def teardown(self, model: nn.Module) -> None:
+        """Undo :meth:`setup`, leaving ``model`` plain for the next row."""
         if self.policy == LIBRARY:
             for enable, disable in LIBRARY_METHODS:
-                if callable(getattr(model, enable, None)):
+                if callable(getattr(model, enable, None)) and callable(getattr(model, disable, None)):
                     getattr(model, disable)()
                     return
         remove_activation_checkpointing(model)
@@ -249,11 +250,12 @@ def _validate(args: argparse.Namespace) -> tuple[list[tuple[AdapterSpec, list[Mo
     selected = [(adapter, models_for(adapter, args.preset)) for adapter in adapters]
     if args.adapter.strip() == "all":
         selected = [(adapter, models) for adapter, models in selected if models]
-    lacking = [adapter.name for adapter, models in selected if not models]
+    lacking = [adapter for adapter, models in selected if not models]
     if lacking or not selected:
+        names = ", ".join(adapter.name for adapter in lacking) or args.adapter
         raise CLIError(
-            f"unknown preset {args.preset!r} for adapter(s) {', '.join(lacking) or args.adapter}; "
-            f"valid values: {', '.join(presets_of(adapters))}"
+            f"preset {args.preset!r} is not offered by adapter(s) {names}; "
+            f"valid values: {', '.join(presets_of(lacking or adapters))}"
         )
     if args.plot is not None:
         if args.plot.suffix.lower() != ".png":
@@ -354,7 +356,8 @@ def add_parser(subparsers: Any) -> None:
             "One training step (forward, loss, backward) per adapter x model class x policy, measured side by side: "
             "activation memory (peak beyond parameters and gradients; bytes held for backward), FLOPs and the "
             "recompute overhead over 'none', attention kernels re-run in backward, median step time and its ratio "
-            "to 'none', and gradients checked against 'none' (always measured first, as the reference)."
+            "to 'none', and gradients checked against 'none' (always measured first, as the reference). "
+            "Exits with 1 when a row fails or its gradients differ from 'none''s."
         ),
     )
     parser.add_argument("--adapter", default="all", help="adapter name(s), comma-separated, or 'all' (default)")
