@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from .blocks import model_blocks
 from .checkpointing import (
     apply_activation_checkpointing,
     checkpointed_blocks,
@@ -63,6 +64,7 @@ __all__ = [
     "get_adapter",
     "is_activation_checkpointed",
     "last_offload_stats",
+    "model_blocks",
     "no_offload",
     "offload_activations",
     "register_adapter",

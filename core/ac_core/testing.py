@@ -75,6 +75,14 @@ def toy_case(
     return ModelCase(model, {"x": x}, lambda out: out.float().pow(2).mean())
 
 
+def toy_wide(*, layers: int = 4, seq: int | None = None) -> ModelCase:
+    """The ``toy-wide`` preset: ``layers`` ToyBlocks of width 1024 (16 heads) over ``seq`` tokens (1024), batch 1.
+
+    Wide enough that matmuls and attention, not Python overhead, dominate a step on CPU.
+    """
+    return toy_case(dim=1024, heads=16, depth=layers, tokens=seq or 1024, batch=1)
+
+
 def _set_attention(model: nn.Module, name: str) -> None:
     for block in model.modules():
         if isinstance(block, ToyBlock):
@@ -94,6 +102,7 @@ TOY_ADAPTER = AdapterSpec(
             containers=("layers",),
             attention_calls={"ToyBlock": 1},
             tiny=toy_case,
+            presets={"toy-wide": toy_wide},
         ),
     ),
     backends=(

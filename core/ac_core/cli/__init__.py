@@ -1,0 +1,39 @@
+"""The ``ac-core`` command line: ``inspect`` what an adapter declares, ``bench`` every policy on its models.
+
+Imported only by the ``ac-core`` script (``import ac_core`` does not load it, nor rich or matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from ._common import CLIError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``ac-core`` argument parser with its subcommands."""
+    from . import bench, inspect
+
+    parser = argparse.ArgumentParser(
+        prog="ac-core",
+        description="Activation checkpointing for video diffusion transformers and LLMs: inspect and benchmark.",
+    )
+    subparsers = parser.add_subparsers(title="commands", required=True, metavar="{inspect,bench}")
+    inspect.add_parser(subparsers)
+    bench.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``ac-core`` with ``argv`` (default: the process arguments); returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except CLIError as exc:
+        print(f"ac-core {args.command_name}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["CLIError", "build_parser", "main"]

@@ -1,0 +1,178 @@
+"""``ac-core bench``: every figure for every row, the plot, skipped adapters and bad flags."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ac_core import register_adapter, registered_adapters, unregister_adapter
+from ac_core.cli import main
+from ac_core.cli.bench import POLICIES, ROW_FIELDS
+from tests.cli.fakes import GHOST, LIBRARY_TOY
+
+ENVIRONMENT_FIELDS = {"torch", "diffusers", "transformers", "device", "dtype", "preset", "seq", "layers", "steps"}
+TOY_DEPTH = 4
+
+
+def _bench(tmp_path: Path, *flags: str) -> tuple[int, dict]:
+    out = tmp_path / "bench.json"
+    code = main(["bench", "--threads", "1", "--json", str(out), *flags])
+    return code, json.loads(out.read_text())
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG signature"
+    assert data[12:16] == b"IHDR" and data[-8:-4] == b"IEND", "PNG chunks missing"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_toy_rows_json_table_and_plot(tmp_path, capsys):
+    plot = tmp_path / "bench.png"
+    code, data = _bench(tmp_path, "--adapter", "toy", "--steps", "2", "--plot", str(plot))
+    assert code == 0
+    assert data["environment"].keys() >= ENVIRONMENT_FIELDS
+    assert data["environment"]["torch"] == torch.__version__ and data["environment"]["preset"] == "tiny"
+    rows = {row["policy"]: row for row in data["rows"]}
+    assert list(rows) == list(POLICIES)
+    for row in data["rows"]:
+        assert tuple(row) == ROW_FIELDS
+    measured = [p for p in POLICIES if p != "library"]
+    for policy in measured:
+        row = rows[policy]
+        assert row["status"] == "ok", row
+        assert all(row[f] is not None for f in ROW_FIELDS if f != "reason"), row
+        assert len(row["step_times_s"]) == 2 and row["grad_ok"] is True and row["grad_max_abs_diff"] == 0
+    assert rows["none"]["recompute_overhead"] == 0 and rows["none"]["time_ratio"] == 1
+    assert {p: rows[p]["attention_recomputed"] for p in measured} == {
+        "none": 0,
+        "full": TOY_DEPTH,
+        "ops": 0,
+        "block_skip": TOY_DEPTH // 2,
+    }
+    assert 0 < rows["ops"]["recompute_overhead"] < rows["full"]["recompute_overhead"]
+    held = {p: rows[p]["held_for_backward_bytes"] for p in measured}
+    assert held["full"] < held["ops"] < held["none"]
+    assert rows["library"]["status"] == "skipped" and "no library checkpointing" in rows["library"]["reason"]
+    out = capsys.readouterr().out
+    for label in ("none", "full", "ops", "block_skip(n=2)", "library", "skipped (1)", "no library checkpointing"):
+        assert label in out
+    assert _png_size(plot) == (500, 420)  # one panel: figsize 5 x 4.2 inches at 100 dpi
+
+
+def test_library_checkpointing_row_is_measured(tmp_path):
+    register_adapter(LIBRARY_TOY)
+    try:
+        code, data = _bench(tmp_path, "--adapter", "librarytoy", "--policy", "full,library", "--steps", "1")
+    finally:
+        unregister_adapter(LIBRARY_TOY.name)
+    assert code == 0
+    rows = {row["policy"]: row for row in data["rows"]}
+    assert list(rows) == ["none", "full", "library"]  # none always runs first, as the reference
+    library = rows["library"]
+    assert library["status"] == "ok" and library["detail"] == "enable_gradient_checkpointing()"
+    assert library["attention_recomputed"] == TOY_DEPTH and library["grad_ok"] is True
+    # The library checkpoints the same blocks as 'full' with the same torch checkpoint: the same FLOPs.
+    assert library["flops"] == rows["full"]["flops"]
+
+
+def test_missing_library_is_skipped_with_the_install_command(tmp_path, capsys):
+    register_adapter(GHOST)
+    try:
+        code, data = _bench(tmp_path, "--adapter", "ghost,toy", "--policy", "none")
+    finally:
+        unregister_adapter(GHOST.name)
+    assert code == 0
+    ghost = [row for row in data["rows"] if row["adapter"] == "ghost"]
+    assert len(ghost) == 1 and ghost[0]["status"] == "skipped"
+    assert "pip install 'ac-core[ghost]'" in ghost[0]["reason"]
+    assert "pip install 'ac-core[ghost]'" in capsys.readouterr().out
+
+
+def test_every_registered_adapter_on_the_tiny_preset_in_under_a_minute(tmp_path, toy_registered):
+    start = time.perf_counter()
+    code, data = _bench(tmp_path)
+    elapsed = time.perf_counter() - start
+    assert code == 0
+    adapters = {row["adapter"] for row in data["rows"]}
+    assert adapters == set(registered_adapters())
+    assert all(row["status"] in ("ok", "skipped") for row in data["rows"])
+    assert elapsed < 60, f"ac-core bench took {elapsed:.0f} s on the tiny preset"
+
+
+def test_a_preset_sized_by_layers_and_seq(tmp_path):
+    code, data = _bench(
+        tmp_path, "--adapter", "toy", "--preset", "toy-wide", "--layers", "1", "--seq", "64", "--policy", "ops"
+    )
+    assert code == 0
+    assert data["environment"]["layers"] == 1 and data["environment"]["seq"] == 64
+    assert [row["tokens"] for row in data["rows"]] == [64, 64]
+    assert data["rows"][1]["detail"] == "1 blocks checkpointed"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--adapter", "nope"], "unknown adapter 'nope'; valid values: all, "),
+        (["--adapter", "toy", "--policy", "fastest"], "valid values: all, none, full, ops, block_skip, library"),
+        (
+            ["--adapter", "toy", "--preset", "huge"],
+            "preset 'huge' is not offered by adapter(s) toy; valid values: tiny, toy-wide",
+        ),
+        (["--adapter", "toy", "--layers", "2"], "the tiny preset has a fixed config. Choose a preset: toy-wide"),
+        (["--adapter", "toy", "--plot", "out.jpg"], "--plot writes a PNG"),
+        (["--adapter", "toy", "--json", "/no/such/folder/x.json"], "folder /no/such/folder does not exist"),
+    ],
+)
+def test_bad_flags_name_the_valid_values(flags, message, capsys):
+    assert main(["bench", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "valid"),
+    [
+        (["--dtype", "float8"], ("float32", "bfloat16", "float16")),
+        (["--device", "tpu"], ("cpu", "cuda")),
+    ],
+)
+def test_bad_choices_list_the_valid_ones(flags, valid, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *flags])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"invalid choice: '{flags[1]}'" in err and all(v in err for v in valid)
+
+
+def test_counts_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--steps", "0"])
+    assert "--steps: must be >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_cuda_without_cuda(capsys):
+    assert main(["bench", "--adapter", "toy", "--device", "cuda"]) == 2
+    assert "--device cuda: CUDA is not available here" in capsys.readouterr().err
+
+
+def test_all_without_registered_adapters(monkeypatch, capsys):
+    monkeypatch.setattr("ac_core.cli._common.registered_adapters", dict)
+    assert main(["bench"]) == 2
+    assert "no adapter is registered" in capsys.readouterr().err
+
+
+def test_the_module_runs_as_a_script():
+    result = subprocess.run(
+        [sys.executable, "-m", "ac_core.cli", "bench", "--adapter", "nope"], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "ac-core bench: error: unknown adapter 'nope'" in result.stderr
+    lean = "import sys, ac_core; print([m for m in sys.modules if m.startswith(('ac_core.cli', 'rich'))])"
+    assert subprocess.run([sys.executable, "-c", lean], capture_output=True, text=True).stdout.strip() == "[]"
