@@ -7,16 +7,19 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
+from .memory import LivePeak
+
 
 class PeakMemory:
     """Context manager: ``bytes`` is the peak memory allocated inside it minus ``base_bytes``, what was allocated
     on entry (so ``base_bytes + bytes`` is the peak in all).
 
     On CUDA it reads the caching allocator's statistics (``torch.cuda.max_memory_allocated``). Elsewhere
-    (CPU) it uses ``torch.distributed._tools.mem_tracker.MemTracker``, which follows every tensor storage
-    made inside the region; ``track`` names what existed before it (modules, optimizers, tensors, or
-    containers of tensors) so that it counts in the baseline. Allocate gradients before entering when
-    the peak should exclude them, as a training loop that zeroes gradients in place does.
+    (CPU) it follows every tensor storage ops create inside the region (:class:`LivePeak`; torch's
+    MemTracker does the same but rescans every storage on every op, which made a tiny model's step take
+    seconds); ``track`` names what existed before it (modules, optimizers, tensors, or containers of
+    tensors), whose bytes are reported as ``base_bytes``. Allocate gradients before entering when the
+    peak should exclude them, as a training loop that zeroes gradients in place does.
     """
 
     def __init__(self, device: str | torch.device, track: Any = ()) -> None:
@@ -32,15 +35,9 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base_bytes = torch.cuda.memory_allocated(self.device)
             return self
-        from torch.distributed._tools.mem_tracker import MemTracker
-
-        self._tracker = MemTracker()
-        kinds = (torch.Tensor, torch.nn.Module, torch.optim.Optimizer)
-        external = [obj for obj in tree_leaves(self.track) if isinstance(obj, kinds)]
-        if external:
-            self._tracker.track_external(*external)
+        self.base_bytes = _bytes_of(self.track)
+        self._tracker = LivePeak()
         self._tracker.__enter__()
-        self.base_bytes = self._total(self._tracker.get_tracker_snapshot("current"))
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -49,14 +46,26 @@ class PeakMemory:
             self.bytes = torch.cuda.max_memory_allocated(self.device) - self.base_bytes
             return
         self._tracker.__exit__(*exc)
-        self.bytes = max(0, self._total(self._tracker.get_tracker_snapshot("peak")) - self.base_bytes)
+        self.bytes = self._tracker.peak
         self._tracker = None
 
-    def _total(self, snapshot: dict[torch.device, dict[Any, int]]) -> int:
-        for device, stats in snapshot.items():
-            if torch.device(device).type == self.device.type:
-                return stats["Total"]
-        return 0
+
+def _bytes_of(track: Any) -> int:
+    """Bytes of the distinct storages behind the tensors in ``track`` (modules' parameters and buffers too)."""
+    storages: dict[tuple[str, int], int] = {}
+    for obj in tree_leaves(track):
+        if isinstance(obj, torch.nn.Module):
+            tensors = [*obj.parameters(), *obj.buffers()]
+        elif isinstance(obj, torch.optim.Optimizer):
+            tensors = [t for state in obj.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+        elif isinstance(obj, torch.Tensor):
+            tensors = [obj]
+        else:
+            continue
+        for tensor in tensors:
+            storage = tensor.untyped_storage()
+            storages[(str(tensor.device), storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
 
 
 __all__ = ["PeakMemory"]
