@@ -12,6 +12,7 @@ from .checkpointing import (
     remove_activation_checkpointing,
 )
 from .errors import AdapterError, ConflictingCheckpointError, UnsupportedVersionError
+from .graph import DEFAULT_SAC_SAVE_OPS, apply_sac_pass, compile, sac_aot_eager, sac_inductor_options, sac_partition
 from .ops import DEFAULT_RETAINED_OPS
 from .policy import CheckpointType, resolve_checkpointing_type
 from .registry import (
@@ -27,6 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_RETAINED_OPS",
+    "DEFAULT_SAC_SAVE_OPS",
     "ENTRY_POINT_GROUP",
     "AdapterError",
     "AdapterSpec",
@@ -38,12 +40,17 @@ __all__ = [
     "ModelSpec",
     "UnsupportedVersionError",
     "apply_activation_checkpointing",
+    "apply_sac_pass",
     "checkpointed_blocks",
+    "compile",
     "get_adapter",
     "is_activation_checkpointed",
     "register_adapter",
     "registered_adapters",
     "remove_activation_checkpointing",
     "resolve_checkpointing_type",
+    "sac_aot_eager",
+    "sac_inductor_options",
+    "sac_partition",
     "unregister_adapter",
 ]
