@@ -13,6 +13,7 @@ from .checkpointing import (
     remove_activation_checkpointing,
 )
 from .errors import AdapterError, ConflictingCheckpointError, UnsupportedVersionError
+from .graph import DEFAULT_SAC_SAVE_OPS, apply_sac_pass, compile, sac_aot_eager, sac_inductor_options, sac_partition
 from .offload import (
     Kept,
     OffloadConfig,
@@ -42,6 +43,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_RETAINED_OPS",
+    "DEFAULT_SAC_SAVE_OPS",
     "ENTRY_POINT_GROUP",
     "AdapterError",
     "AdapterSpec",
@@ -60,7 +62,9 @@ __all__ = [
     "activation_offload_context",
     "apply_activation_checkpointing",
     "apply_activation_offload",
+    "apply_sac_pass",
     "checkpointed_blocks",
+    "compile",
     "get_adapter",
     "is_activation_checkpointed",
     "last_offload_stats",
@@ -72,6 +76,9 @@ __all__ = [
     "remove_activation_checkpointing",
     "remove_activation_offload",
     "resolve_checkpointing_type",
+    "sac_aot_eager",
+    "sac_inductor_options",
+    "sac_partition",
     "unregister_adapter",
     "use_offload_transport",
 ]

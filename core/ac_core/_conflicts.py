@@ -45,8 +45,8 @@ def _library_name(model: nn.Module) -> str:
     return {"diffusers": "diffusers", "transformers": "transformers"}.get(top, "the model's own")
 
 
-def disable_library_checkpointing(model: nn.Module) -> None:
-    """Turn off diffusers'/transformers' gradient checkpointing on ``model``, and say so."""
+def disable_library_checkpointing(model: nn.Module, level: int = logging.WARNING) -> None:
+    """Turn off diffusers'/transformers' gradient checkpointing on ``model``, and say so at ``level``."""
     modules = library_checkpointing(model)
     if not modules:
         return
@@ -54,7 +54,10 @@ def disable_library_checkpointing(model: nn.Module) -> None:
     if callable(getattr(model, "disable_gradient_checkpointing", None)):  # diffusers ModelMixin
         model.disable_gradient_checkpointing()
         how = "model.disable_gradient_checkpointing()"
-    elif callable(getattr(model, "gradient_checkpointing_disable", None)):  # transformers PreTrainedModel
+    elif callable(getattr(model, "activation_checkpointing_disable", None)):  # transformers >= 5.x
+        model.activation_checkpointing_disable()
+        how = "model.activation_checkpointing_disable()"
+    elif callable(getattr(model, "gradient_checkpointing_disable", None)):  # transformers before it (deprecated)
         model.gradient_checkpointing_disable()
         how = "model.gradient_checkpointing_disable()"
     else:
@@ -62,7 +65,8 @@ def disable_library_checkpointing(model: nn.Module) -> None:
     for m in model.modules():
         if getattr(m, "gradient_checkpointing", False) is True:
             m.gradient_checkpointing = False
-    logger.warning(
+    logger.log(
+        level,
         "ac-core: %s gradient checkpointing was on for %s (%d modules, e.g. %r); turned it off with %s so that "
         "blocks are not checkpointed twice. Call that yourself before applying ac-core to avoid this message.",
         library,

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,6 +30,9 @@ STATE_ATTR = "_ac_core_checkpoint"
 class BlockCheckpoint:
     """How one block is checkpointed, and the instance-level forward it replaced (None for the class's).
 
+    ``class_forward`` is the class's forward function, taken when installing: reaching it through
+    ``type(block)`` inside the checkpointed call makes dynamo break the graph for classes marked
+    ``allow_in_graph`` (every diffusers transformer block), so the compiled model ran eagerly.
     ``expects_attention`` is False for a block its adapter declares attention-free (e.g. a conv block):
     under ``ops`` such a block retains nothing by design, which is not worth a warning.
     """
@@ -35,6 +40,7 @@ class BlockCheckpoint:
     kind: CheckpointType
     retained: frozenset[str]
     previous_forward: object | None
+    class_forward: Callable[..., Any]
     expects_attention: bool = True
 
 
@@ -53,10 +59,10 @@ def _has_active_randomness(block: nn.Module) -> bool:
 
 
 def _call_plain(block: nn.Module, *args, **kwargs):
-    previous = getattr(block, STATE_ATTR).previous_forward
-    if previous is not None:
-        return previous(*args, **kwargs)
-    return type(block).forward(block, *args, **kwargs)
+    state: BlockCheckpoint = getattr(block, STATE_ATTR)
+    if state.previous_forward is not None:
+        return state.previous_forward(*args, **kwargs)
+    return state.class_forward(block, *args, **kwargs)
 
 
 def _call_plain_by_position(block: nn.Module, names: tuple[str, ...], *args):
@@ -103,7 +109,9 @@ def install(block: nn.Module, kind: CheckpointType, retained: frozenset[str], ex
     """Checkpoint ``block`` by ``kind`` (FULL or OPS); replaces an earlier ac-core checkpoint of it."""
     previous = block.__dict__.get(STATE_ATTR)
     previous_forward = previous.previous_forward if previous else block.__dict__.get("forward")
-    block.__dict__[STATE_ATTR] = BlockCheckpoint(kind, retained, previous_forward, expects_attention)
+    block.__dict__[STATE_ATTR] = BlockCheckpoint(
+        kind, retained, previous_forward, type(block).forward, expects_attention
+    )
     # A bound method (not a closure) so that copy.deepcopy rebinds it to the copied block.
     block.__dict__["forward"] = types.MethodType(_checkpointed_forward, block)
 

@@ -24,11 +24,14 @@ def test_import_is_lean():
         "import sys, ac_core; "
         "heavy = ('diffusers', 'transformers', 'ac_core_adapters', 'ac_core_conformance', 'rich', 'matplotlib'); "
         "print(sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in heavy})); "
-        "print('torch' in sys.modules)"
+        "print('torch' in sys.modules); "
+        # The graph route imports the compiler only when ac_core.compile is called.
+        "print(sorted(m for m in ('torch._inductor', 'torch._dynamo') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == "[]"
     assert out[1] == "True"
+    assert out[2] == "[]"
 
 
 def test_every_public_name_is_exported():

@@ -1,22 +1,29 @@
-"""Measuring what checkpointing does: ops run where, memory held and peaked, FLOPs, one training step."""
+"""Measuring what checkpointing does: ops run where, memory held and peaked, FLOPs, one training step, and
+what a compiled step saves and recomputes (``python -m ac_core.measure`` prints the comparison)."""
 
 from __future__ import annotations
 
+from .compiled import CompiledActivations, compare_routes, compiled_activations, with_and_without_pass
 from .flops import SDPA_FLOP_FORMULAS, GlobalFlopCounter, flops_of, op_packet_name, register_sdpa_flop_formulas
-from .memory import held_for_backward
-from .ops import OpCounter, op_matches
+from .memory import LivePeak, held_for_backward
+from .ops import CompiledOpCounter, OpCounter, op_matches
 from .peak import PeakMemory
 from .step import GRAD_TOLERANCE, GradCheck, StepMeasurement, compare_grads, measure_step, time_steps, zero_grads_
 
 __all__ = [
     "GRAD_TOLERANCE",
     "SDPA_FLOP_FORMULAS",
+    "CompiledActivations",
+    "CompiledOpCounter",
     "GlobalFlopCounter",
     "GradCheck",
+    "LivePeak",
     "OpCounter",
     "PeakMemory",
     "StepMeasurement",
     "compare_grads",
+    "compare_routes",
+    "compiled_activations",
     "flops_of",
     "held_for_backward",
     "measure_step",
@@ -24,5 +31,6 @@ __all__ = [
     "op_packet_name",
     "register_sdpa_flop_formulas",
     "time_steps",
+    "with_and_without_pass",
     "zero_grads_",
 ]

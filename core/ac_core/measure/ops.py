@@ -38,3 +38,17 @@ class OpCounter(TorchDispatchMode):
         counter = {"forward": self.forward, "backward": self.backward}[phase]
         wanted = set(names)
         return sum(n for op, n in counter.items() if op_matches(op, wanted))
+
+
+class CompiledOpCounter(OpCounter):
+    """An :class:`OpCounter` for torch.compile'd models: counts the ops their compiled code runs.
+
+    A plain TorchDispatchMode makes torch.compile fall back to eager for as long as it is active
+    (and then keep skipping the frame), so an OpCounter around a compiled model counts eager ops.
+    This one asks to be left out of compilation and sees what the compiled artifacts dispatch:
+    every aten op of an ``aot_eager`` graph, the ops an inductor graph calls out to (such as SDPA).
+    """
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True

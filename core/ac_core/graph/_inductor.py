@@ -1,0 +1,47 @@
+"""The SAC pass in the shape inductor's ``joint_custom_post_pass`` option takes.
+
+Imported only by :func:`ac_core.compile`: importing inductor's pass types costs about a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from torch import fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from .sac import apply_sac_pass
+from .save_ops import op_name
+
+_SOURCES = tuple(sorted(Path(__file__).parent.glob("*.py")))
+
+
+def _describe(op: object) -> str:
+    if isinstance(op, str):
+        return op
+    return op_name(op) or f"{getattr(op, '__module__', '')}.{getattr(op, '__qualname__', repr(op))}"
+
+
+class SACGraphPass(CustomGraphPass):
+    """Runs :func:`ac_core.apply_sac_pass` on the joint graph, after inductor's own joint passes.
+
+    After them, not before: inductor's pattern matcher replaces nodes (and turns random ops into
+    its seed ops) without carrying their tags. ``uuid()`` hashes this package's sources, the save
+    set and the blocks, so inductor's and AOTAutograd's caches never serve a graph partitioned another way.
+    """
+
+    def __init__(self, save_ops: frozenset[object], blocks: frozenset[str] | None = None) -> None:
+        self.save_ops = save_ops
+        self.blocks = blocks
+
+    def __call__(self, graph: fx.Graph) -> None:
+        apply_sac_pass(graph.owning_module, self.save_ops, blocks=self.blocks)
+
+    def uuid(self) -> str:
+        digest = hashlib.sha256()
+        for source in _SOURCES:
+            digest.update(source.read_bytes())
+        digest.update("\n".join(sorted(_describe(op) for op in self.save_ops)).encode())
+        digest.update(repr(None if self.blocks is None else sorted(self.blocks)).encode())
+        return digest.hexdigest()

@@ -1,0 +1,58 @@
+"""Selective activation checkpointing on a joint forward+backward graph: the passes, in order."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from torch import fx
+
+from .alternate_matmuls import alternate_matmuls
+from .save_block_outputs import save_block_outputs
+from .save_ops import DEFAULT_SAC_SAVE_OPS, OpSet
+from .save_outside_blocks import save_outside_blocks
+from .save_rng import save_rng
+from .tag_save_set import tag_save_set
+
+logger = logging.getLogger("ac_core")
+
+
+def apply_sac_pass(
+    gm: fx.GraphModule, op_list_to_save: Iterable[object] | None = None, *, blocks: Iterable[str] | None = None
+) -> fx.GraphModule:
+    """Tag the joint graph ``gm`` for the min-cut partitioner and return it.
+
+    Every ``call_function`` node of the forward part except ``operator.getitem`` gets
+    ``meta["ac_graph_id"] = 0`` and ``meta["recompute"]``: ``MUST_SAVE`` for ops in
+    ``op_list_to_save`` (default :data:`DEFAULT_SAC_SAVE_OPS`; names such as ``"aten::mm"`` or op
+    objects such as ``torch.ops.aten.mm.default``), ``PREFER_RECOMPUTE`` for the rest. Then:
+    mm/addmm alternate (1st, 3rd, 5th ... saved); where the graph has blocks, values that cross a
+    block boundary and ops outside every block are saved, as eager per-block checkpointing would;
+    random ops are saved. Nodes that depend on a tangent (the backward) are left alone. ``blocks``
+    are the blocks' FQNs (``"layers.0"``), matched against each node's ``nn_module_stack``; without
+    them, blocks are found there (items of a ModuleList, two or more of one class).
+    ``torch._functorch.partitioners.min_cut_rematerialization_partition`` reads the tags;
+    :func:`ac_core.compile` runs this pass inside ``torch.compile``.
+    """
+    save = OpSet(DEFAULT_SAC_SAVE_OPS if op_list_to_save is None else op_list_to_save)
+    if isinstance(blocks, str):
+        raise TypeError(f"blocks takes a collection of block FQNs, e.g. [{blocks!r}]")
+    named = None if blocks is None else frozenset(blocks)
+    graph = gm.graph
+    in_save_set = tag_save_set(graph, save)
+    matmuls, matmuls_saved = alternate_matmuls(graph)
+    boundaries = save_block_outputs(graph, named)
+    outside = save_outside_blocks(graph, named)
+    random_ops = save_rng(graph)
+    gm.recompile()
+    logger.info(
+        "ac-core: graph SAC pass saved %d ops of the save set, %d of %d matmuls, %d block outputs, "
+        "%d ops outside blocks, %d more random ops",
+        in_save_set,
+        matmuls_saved,
+        matmuls,
+        boundaries,
+        outside,
+        random_ops,
+    )
+    return gm

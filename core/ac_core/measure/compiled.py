@@ -1,0 +1,312 @@
+"""What a compiled training step keeps for backward and recomputes there, read from its partitioned graphs.
+
+``python -m ac_core.measure`` prints the table comparing routes for the toy stack; ``--adapter NAME``
+does it for an adapter's tiny model(s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import operator
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from ..graph.save_ops import op_name
+from ..spec import ModelCase
+
+ROUTES = ("no pass", "graph pass", "eager full", "eager ops")
+
+
+@dataclass(frozen=True)
+class CompiledActivations:
+    """What the partitioner kept for backward and what backward recomputes, summed over a model's graphs.
+
+    ``saved_bytes`` and ``saved_tensors`` count distinct storages among the forward graphs' outputs
+    that feed backward, leaving out graph inputs (parameters, buffers, the batch) and views of them.
+    ``recomputed`` counts, by op name, the forward ops the backward graphs run again (views and
+    getitems left out); ``forward`` counts the forward graphs' ops the same way. ``graphs`` is the
+    number of forward/backward pairs measured, ``loss`` the measured step's loss.
+    """
+
+    saved_bytes: int
+    saved_tensors: int
+    recomputed: Mapping[str, int] = field(default_factory=dict)
+    forward: Mapping[str, int] = field(default_factory=dict)
+    graphs: int = 0
+    loss: float | None = None
+
+    @property
+    def recompute_count(self) -> int:
+        return sum(self.recomputed.values())
+
+    def recomputes(self, names: Iterable[str]) -> int:
+        """How many times backward re-runs any op in ``names`` (with or without overload)."""
+        return _count(self.recomputed, names)
+
+    def runs_forward(self, names: Iterable[str]) -> int:
+        """How many times the forward graphs run any op in ``names``."""
+        return _count(self.forward, names)
+
+
+def _count(counts: Mapping[str, int], names: Iterable[str]) -> int:
+    wanted = set(names)
+    return sum(n for op, n in counts.items() if op in wanted or op.partition(".")[0] in wanted)
+
+
+def _nbytes(value: torch.Tensor) -> int:
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    return optimization_hint(value.untyped_storage().nbytes())
+
+
+def _is_view_or_getitem(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return node.target is operator.getitem or (
+        schema is not None and any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+    )
+
+
+class _Recorder:
+    """Collects saved storages and recomputed ops from each (forward, backward) pair a partitioner returns."""
+
+    def __init__(self) -> None:
+        self.saved: dict[StorageWeakRef, int] = {}
+        self.recomputed: Counter[str] = Counter()
+        self.forward: Counter[str] = Counter()
+        self.graphs = 0
+
+    def record(self, fw: fx.GraphModule, bw: fx.GraphModule, *, num_fwd_outputs: int, **_: Any) -> None:
+        self.graphs += 1
+        inputs = {
+            StorageWeakRef(n.meta["val"].untyped_storage())
+            for n in fw.graph.nodes
+            if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
+        }
+        output = next(n for n in reversed(fw.graph.nodes) if n.op == "output")
+        for node in output.args[0][num_fwd_outputs:]:
+            value = node.meta.get("val") if isinstance(node, fx.Node) else None
+            if not isinstance(value, torch.Tensor):
+                continue  # sizes saved as SymInts
+            storage = StorageWeakRef(value.untyped_storage())
+            if storage not in inputs:
+                self.saved[storage] = _nbytes(value)
+        forward_names = set()
+        for node in fw.graph.nodes:
+            if node.op == "call_function":
+                forward_names.add(node.name)
+                if not _is_view_or_getitem(node):
+                    self.forward[op_name(node.target) or str(node.target)] += 1
+        replay = getattr(torch.ops.higher_order, "run_with_rng_state", None)
+        for node in bw.graph.nodes:
+            if node.op != "call_function":
+                continue
+            if node.target is replay:  # a random op recomputed under the forward's saved RNG state
+                self.recomputed[op_name(node.args[1]) or str(node.args[1])] += 1
+            # The partitioner copies a recomputed node into backward under its forward name.
+            elif node.name in forward_names and not _is_view_or_getitem(node):
+                self.recomputed[op_name(node.target) or str(node.target)] += 1
+
+    def partition(
+        self,
+        inner: Callable[..., tuple[fx.GraphModule, fx.GraphModule]],
+        gm: fx.GraphModule,
+        joint_inputs: Sequence[object],
+        baseline: _Recorder | None = None,
+        **kwargs: Any,
+    ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        """Partition with ``inner`` and record; ``baseline`` also records plain min-cut on a copy of the graph."""
+        if baseline is not None:
+            from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+            # Partitioning edits the graph it is given; the copy shares values, not nodes.
+            with warnings.catch_warnings():  # torch's own pytree deprecation, raised by copying the codegen
+                warnings.simplefilter("ignore", FutureWarning)
+                untouched = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+            baseline.record(*min_cut_rematerialization_partition(untouched, joint_inputs, **kwargs), **kwargs)
+        fw, bw = inner(gm, joint_inputs, **kwargs)
+        self.record(fw, bw, **kwargs)
+        return fw, bw
+
+    def result(self, loss: float | None) -> CompiledActivations:
+        return CompiledActivations(
+            sum(self.saved.values()), len(self.saved), dict(self.recomputed), dict(self.forward), self.graphs, loss
+        )
+
+
+def _inductor_recording_options(recorder: _Recorder, route: Any) -> dict[str, Any]:
+    """Inductor options that record the partition (and run the SAC pass for a graph ``route``)."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+    from ..graph.torch_compile import sac_inductor_options
+
+    class _RecordingPartitioner(CustomPartitionerFn):
+        def __call__(self, gm, joint_inputs, **kwargs):
+            return recorder.partition(min_cut_rematerialization_partition, gm, joint_inputs, **kwargs)
+
+        def uuid(self) -> None:
+            return None  # never cached: a cache hit would skip the partitioner and record nothing
+
+    options: dict[str, Any] = {"custom_partitioner_fn": _RecordingPartitioner()}
+    return options if route is None else sac_inductor_options(route.save_ops, options, route.blocks)
+
+
+def _measure(
+    case: ModelCase,
+    sac: bool,
+    adapter: Any,
+    blocks: Sequence[str] | None,
+    save_ops: Iterable[object],
+    backend: str,
+    baseline: _Recorder | None,
+    torch_compile_kwargs: dict[str, Any],
+) -> CompiledActivations:
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    from ..graph.torch_compile import _prepare_graph_route, sac_partition
+
+    if backend not in ("aot_eager", "inductor"):
+        raise ValueError(f"backend must be 'aot_eager' or 'inductor', got {backend!r}")
+    route = _prepare_graph_route(case.model, adapter, blocks, save_ops) if sac else None
+    torch._dynamo.reset()
+    recorder = _Recorder()
+    if backend == "aot_eager":
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._dynamo.backends.debugging import boxed_nop
+
+        inner = (
+            min_cut_rematerialization_partition
+            if route is None
+            else functools.partial(sac_partition, save_ops=route.save_ops, blocks=route.blocks)
+        )
+        compiler = aot_autograd(
+            fw_compiler=boxed_nop,
+            bw_compiler=boxed_nop,
+            partition_fn=functools.partial(recorder.partition, inner, baseline=baseline),
+            keep_inference_input_mutations=True,
+        )
+        compiled = torch.compile(case.model, backend=compiler, **torch_compile_kwargs)
+    else:
+        options = _inductor_recording_options(recorder, route)
+        compiled = torch.compile(case.model, backend="inductor", options=options, **torch_compile_kwargs)
+    loss = case.loss(compiled(**case.inputs))
+    loss.backward()
+    torch._dynamo.reset()
+    return recorder.result(loss.item())
+
+
+def compiled_activations(
+    case: ModelCase,
+    *,
+    sac: bool = False,
+    adapter: Any = None,
+    blocks: Sequence[str] | None = None,
+    save_ops: Iterable[object] = (),
+    backend: str = "aot_eager",
+    **torch_compile_kwargs: Any,
+) -> CompiledActivations:
+    """Compile ``case.model``, run one training step (gradients land on ``case.model``), and measure it.
+
+    ``sac=False`` compiles the model as it is, eager checkpointing included: apply that first to
+    measure it. ``sac=True`` takes the route of :func:`ac_core.compile` with ``adapter``, ``blocks``
+    and ``save_ops`` (eager checkpointing removed first).
+    ``backend`` is ``"aot_eager"`` (seconds) or ``"inductor"`` (inductor's joint-graph passes run
+    before partitioning; slower to compile).
+    """
+    return _measure(case, sac, adapter, blocks, save_ops, backend, None, torch_compile_kwargs)
+
+
+def with_and_without_pass(
+    case: ModelCase,
+    *,
+    adapter: Any = None,
+    blocks: Sequence[str] | None = None,
+    save_ops: Iterable[object] = (),
+    **torch_compile_kwargs: Any,
+) -> tuple[CompiledActivations, CompiledActivations]:
+    """(without, with) the graph pass, from one ``aot_eager`` trace: each joint graph is partitioned twice.
+
+    Half the cost of two :func:`compiled_activations` calls. The training step runs with the pass,
+    so ``case.model``'s gradients and the second result's ``loss`` are the pass's; the first
+    result has no loss.
+    """
+    baseline = _Recorder()
+    ours = _measure(case, True, adapter, blocks, save_ops, "aot_eager", baseline, torch_compile_kwargs)
+    return baseline.result(None), ours
+
+
+def compare_routes(
+    make_case: Callable[[], ModelCase],
+    *,
+    adapter: Any = None,
+    blocks: Sequence[str] | None = None,
+    backend: str = "aot_eager",
+) -> dict[str, CompiledActivations]:
+    """A measurement for each of :data:`ROUTES`, each on a fresh case from ``make_case``.
+
+    ``"graph pass"`` is :func:`ac_core.compile`'s route, the eager routes apply
+    :func:`ac_core.apply_activation_checkpointing`, all with ``adapter`` or ``blocks``.
+    """
+    from ..checkpointing import apply_activation_checkpointing
+
+    results: dict[str, CompiledActivations] = {}
+    if backend == "aot_eager":
+        results["no pass"], results["graph pass"] = with_and_without_pass(make_case(), adapter=adapter, blocks=blocks)
+    else:
+        results["no pass"] = compiled_activations(make_case(), backend=backend)
+        results["graph pass"] = compiled_activations(
+            make_case(), sac=True, adapter=adapter, blocks=blocks, backend=backend
+        )
+    for kind in ("full", "ops"):
+        case = make_case()
+        apply_activation_checkpointing(case.model, kind, adapter=adapter, blocks=blocks)
+        results[f"eager {kind}"] = compiled_activations(case, backend=backend)
+    return results
+
+
+def format_table(results: Mapping[str, CompiledActivations], title: str) -> str:
+    """A plain-text table of saved MiB, saved tensors and backward recomputes per route."""
+    lines = [title, f"{'route':<12} {'saved MiB':>10} {'tensors':>8} {'recomputed ops':>15}"]
+    for route, r in results.items():
+        lines.append(f"{route:<12} {r.saved_bytes / 2**20:>10.2f} {r.saved_tensors:>8} {r.recompute_count:>15}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print :func:`compare_routes`' table for the toy stack, or for each tiny model of ``--adapter``."""
+    from ..registry import get_adapter
+    from ..testing import toy_case
+
+    parser = argparse.ArgumentParser(prog="python -m ac_core.measure", description=__doc__)
+    parser.add_argument("--adapter", help="measure this adapter's tiny model(s) instead of the toy stack")
+    parser.add_argument("--backend", default="aot_eager", choices=["aot_eager", "inductor"], help="compiler")
+    parser.add_argument("--depth", type=int, default=4, help="toy stack: blocks")
+    parser.add_argument("--dim", type=int, default=256, help="toy stack: width")
+    parser.add_argument("--heads", type=int, default=4, help="toy stack: attention heads")
+    parser.add_argument("--batch", type=int, default=4, help="toy stack: samples")
+    parser.add_argument("--tokens", type=int, default=128, help="toy stack: tokens per sample")
+    args = parser.parse_args(argv)
+    if args.adapter is None:
+        make = functools.partial(
+            toy_case, dim=args.dim, heads=args.heads, depth=args.depth, tokens=args.tokens, batch=args.batch
+        )
+        title = (
+            f"toy stack: {args.depth} blocks, width {args.dim}, {args.heads} heads, {args.batch}x{args.tokens} tokens"
+        )
+        print(format_table(compare_routes(make, blocks=["layers"], backend=args.backend), title))
+        return
+    spec = get_adapter(args.adapter)
+    for model_spec in spec.models:
+        if model_spec.tiny is None:
+            continue
+        title = f"{spec.name}: tiny {model_spec.class_name}"
+        print(format_table(compare_routes(model_spec.tiny, adapter=spec, backend=args.backend), title))

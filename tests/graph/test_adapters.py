@@ -1,0 +1,72 @@
+"""The graph route on every registered adapter's tiny model (and the toy's), measured in its partitioned graphs.
+
+Adapters are picked up from the registry at collection, so one installed later is tested without
+a change here; one whose library is not installed is skipped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import pytest
+import torch
+
+from ac_core import DEFAULT_SAC_SAVE_OPS, AdapterSpec, ModelSpec, registered_adapters
+from ac_core._conflicts import library_checkpointing
+from ac_core.measure.compiled import with_and_without_pass
+from ac_core.testing import TOY_ADAPTER
+
+from ..core.helpers import assert_same_training, loss_and_grads
+
+# Switches for the model's own gradient checkpointing: diffusers', transformers' (and its deprecated alias).
+_LIBRARY_SWITCHES = (
+    "enable_gradient_checkpointing",
+    "activation_checkpointing_enable",
+    "gradient_checkpointing_enable",
+)
+
+
+def _params() -> list:
+    params = []
+    adapters = {**registered_adapters(), TOY_ADAPTER.name: TOY_ADAPTER}
+    for name, spec in sorted(adapters.items()):
+        for model_spec in spec.models:
+            if model_spec.tiny is None:
+                continue
+            missing = spec.library is not None and importlib.util.find_spec(spec.library) is None
+            marks = (
+                [pytest.mark.skip(reason=f"{spec.library} is not installed: {spec.install_hint}")] if missing else []
+            )
+            params.append(pytest.param(spec, model_spec, id=f"{name}-{model_spec.class_name}", marks=marks))
+    return params
+
+
+def _turn_on_library_checkpointing(model: torch.nn.Module) -> bool:
+    for switch in _LIBRARY_SWITCHES:
+        if callable(getattr(model, switch, None)):
+            getattr(model, switch)()
+            return bool(library_checkpointing(model))
+    return False
+
+
+@pytest.mark.parametrize(("spec", "model_spec"), _params())
+def test_graph_route_on_tiny_model(spec: AdapterSpec, model_spec: ModelSpec, caplog):
+    expected = loss_and_grads(model_spec.tiny())
+    case = model_spec.tiny()
+    had_library_checkpointing = _turn_on_library_checkpointing(case.model)
+    with caplog.at_level(logging.INFO, logger="ac_core"):
+        plain, ours = with_and_without_pass(case, adapter=spec)
+    # The model's own checkpointing, where it has one, was taken off and said so at info level.
+    assert library_checkpointing(case.model) == []
+    if had_library_checkpointing:
+        assert any("eager checkpointing was removed" in r.getMessage() for r in caplog.records)
+
+    grads = {name: p.grad.detach().clone() for name, p in case.model.named_parameters()}
+    assert_same_training((torch.tensor(ours.loss), grads), (expected[0].float(), expected[1]), atol=1e-5)
+
+    attention = DEFAULT_SAC_SAVE_OPS | spec.retained_ops()
+    assert ours.runs_forward(attention) >= 1, f"no attention op of {sorted(attention)} in the forward graph"
+    assert ours.recomputes(attention) == 0
+    assert ours.saved_tensors < plain.saved_tensors
+    assert ours.saved_bytes < plain.saved_bytes

@@ -1,0 +1,132 @@
+"""ac_core.compile: the graph route end to end on the toy stack, with both backends and dynamic shapes."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import ac_core
+from ac_core import CheckpointType, checkpointed_blocks, sac_inductor_options
+from ac_core.measure import CompiledOpCounter, OpCounter
+from ac_core.testing import toy_case
+
+from ..core.helpers import assert_same_training, loss_and_grads
+
+CPU_ATTENTION = ["aten::_scaled_dot_product_flash_attention_for_cpu"]
+
+
+def _pass_runs(caplog) -> int:
+    return sum("graph SAC pass" in r.getMessage() for r in caplog.records)
+
+
+def test_aot_eager_route_trains_like_eager_and_keeps_attention(caplog):
+    expected = loss_and_grads(toy_case(depth=3))
+    case = toy_case(depth=3)
+    with caplog.at_level(logging.INFO, logger="ac_core"):
+        case.model = ac_core.compile(case.model, backend="aot_eager")
+        got = loss_and_grads(case)
+    assert _pass_runs(caplog) == 1
+    assert_same_training(got, expected)
+    with CompiledOpCounter() as ops:
+        case.run().backward()
+    assert ops.count(CPU_ATTENTION) == 3
+    assert ops.count(CPU_ATTENTION, "backward") == 0
+    # The compiled code ran: backward recomputes the unsaved matmuls (qkv and mlp.0 of each block).
+    assert ops.count(["aten::addmm"], "backward") == 2 * 3
+    # A plain OpCounter makes torch.compile fall back to eager, which recomputes nothing.
+    with OpCounter() as eager_ops:
+        case.run().backward()
+    assert eager_ops.count(["aten::addmm"], "backward") == 0
+
+
+def _train_on_lengths(compiled, lengths, atol: float = 0.0) -> None:
+    """Train ``compiled`` (the toy, depth 2) on each token count like eager; attention never re-runs."""
+    for tokens in lengths:
+        expected = loss_and_grads(toy_case(depth=2, tokens=tokens))
+        compiled.zero_grad(set_to_none=True)
+        case = toy_case(depth=2, tokens=tokens)
+        case.model = compiled
+        assert_same_training(loss_and_grads(case), expected, atol=atol)  # compiles outside the counter
+        with CompiledOpCounter() as ops:
+            case.run().backward()
+        assert ops.count(CPU_ATTENTION) == 2
+        assert ops.count(CPU_ATTENTION, "backward") == 0
+
+
+def test_inductor_route(caplog):
+    # Caches off so the pass is seen to run: a warm cache would serve the graph it tagged before.
+    with (
+        caplog.at_level(logging.INFO, logger="ac_core"),
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
+        _train_on_lengths(ac_core.compile(toy_case(depth=2).model, backend="inductor"), [16], atol=1e-5)
+    assert _pass_runs(caplog) == 1
+
+
+@pytest.mark.parametrize(("dynamic", "compiles"), [(True, 1), (None, 2)])
+def test_dynamic_shapes(caplog, dynamic, compiles):
+    # Local PGO off: shapes seen by earlier runs on this machine would make the first compile dynamic.
+    with caplog.at_level(logging.INFO, logger="ac_core"), torch._dynamo.config.patch(automatic_dynamic_local_pgo=False):
+        compiled = ac_core.compile(toy_case(depth=2).model, backend="aot_eager", dynamic=dynamic)
+        _train_on_lengths(compiled, [16, 24, 40])
+    # dynamic=True: one graph for all lengths. Automatic dynamic: static for the first length, then
+    # one recompile with dynamic shapes that serves the rest.
+    assert _pass_runs(caplog) == compiles
+
+
+def test_dropout_trains_like_eager():
+    reference = toy_case(depth=2, dropout=0.1)
+    torch.manual_seed(7)
+    expected = loss_and_grads(reference)
+    case = toy_case(depth=2, dropout=0.1)
+    case.model = ac_core.compile(case.model, backend="aot_eager")
+    torch.manual_seed(7)
+    # The same masks as eager: dropout runs once, in forward, and backward reads what it saved.
+    assert_same_training(loss_and_grads(case), expected)
+
+
+@pytest.mark.parametrize("kind", ["full", "block_skip"])
+def test_eager_types_are_applied_then_compiled(kind):
+    expected = loss_and_grads(toy_case(depth=2))
+    case = toy_case(depth=2)
+    compiled = ac_core.compile(case.model, kind, 2, blocks=["layers"], backend="aot_eager")
+    assert checkpointed_blocks(case.model) == {"layers.0": CheckpointType.FULL} | (
+        {"layers.1": CheckpointType.FULL} if kind == "full" else {}
+    )
+    case.model = compiled
+    assert_same_training(loss_and_grads(case), expected)
+
+
+def test_bad_backends_and_options_are_rejected_before_the_model_changes():
+    case = toy_case(depth=1)
+    ac_core.apply_activation_checkpointing(case.model, "full", blocks=["layers"])
+    with pytest.raises(ValueError, match="backend='inductor' or 'aot_eager'"):
+        ac_core.compile(case.model, backend="eager")
+    with pytest.raises(ValueError, match="inductor options"):
+        ac_core.compile(case.model, backend="aot_eager", options={"max_autotune": True})
+    with pytest.raises(TypeError, match="dispatcher names"):
+        ac_core.compile(case.model, backend="aot_eager", save_ops=[3.5])
+    with pytest.raises(ac_core.AdapterError, match="'blocks'"):  # named blocks are checked as for eager
+        ac_core.compile(case.model, blocks=["blocks"], backend="aot_eager")
+    assert checkpointed_blocks(case.model) == {"layers.0": CheckpointType.FULL}
+
+
+def test_mode_is_spelled_as_options_for_inductor():
+    # torch.compile refuses mode and options together; ours needs options for the pass.
+    compiled = ac_core.compile(toy_case(depth=1).model, mode="max-autotune-no-cudagraphs")
+    assert isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule)
+
+
+def test_inductor_options_chain_an_existing_pass_and_key_the_cache():
+    def theirs(graph: torch.fx.Graph) -> None:
+        return None
+
+    options = sac_inductor_options(options={"joint_custom_post_pass": theirs, "max_autotune": False})
+    first, ours = options["joint_custom_post_pass"]
+    assert first is theirs and options["max_autotune"] is False
+    same = sac_inductor_options()["joint_custom_post_pass"]
+    other = sac_inductor_options(ac_core.DEFAULT_SAC_SAVE_OPS | {"mylib::attn"})["joint_custom_post_pass"]
+    assert ours.uuid() == same.uuid() != other.uuid()

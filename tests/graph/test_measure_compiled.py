@@ -1,0 +1,65 @@
+"""The compiled-route measurements count exactly what the partitioner keeps and recomputes."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from ac_core.measure import compiled as measure
+from ac_core.measure.compiled import CompiledActivations, compare_routes, format_table
+from ac_core.testing import toy_case
+
+BATCH, TOKENS, DIM, HEADS, DEPTH = 2, 32, 64, 4, 2
+ACT = BATCH * TOKENS * DIM * 4  # one fp32 activation of the residual stream
+LSE = BATCH * HEADS * TOKENS * 4  # the attention kernel's logsumexp, kept with its output
+ATTENTION = ["aten::_scaled_dot_product_flash_attention_for_cpu"]
+
+
+@pytest.fixture(scope="module")
+def routes() -> dict[str, CompiledActivations]:
+    make = functools.partial(toy_case, dim=DIM, heads=HEADS, depth=DEPTH, tokens=TOKENS, batch=BATCH)
+    return compare_routes(make, blocks=["layers"])
+
+
+def test_graph_pass_keeps_exactly_attention_every_other_matmul_and_block_outputs(routes):
+    ours = routes["graph pass"]
+    # The embedding's output (it enters block 0), then per block: attention output and logsumexp,
+    # the output projection (the 3rd, 7th ... matmul: saved by the alternation, needed by the
+    # recomputed residual add) and the block's output. Parameters and the batch are not counted.
+    assert ours.saved_bytes == (1 + 3 * DEPTH) * ACT + DEPTH * LSE
+    assert ours.saved_tensors == 1 + 4 * DEPTH
+    assert ours.runs_forward(ATTENTION) == DEPTH
+    assert ours.recomputes(ATTENTION) == 0
+    # The unsaved matmuls (qkv and mlp.0) are recomputed, with both layer norms and the GELU.
+    assert ours.recomputes(["aten::addmm"]) == 2 * DEPTH
+    assert ours.recomputes(["aten::native_layer_norm"]) == 2 * DEPTH
+
+
+def test_graph_pass_saves_less_than_no_pass_and_recomputes_less_than_eager_ops(routes):
+    plain, ours, full, ops = (routes[r] for r in measure.ROUTES)
+    assert plain.recomputes([*ATTENTION, "aten::addmm"]) == 0  # min-cut alone recomputes no costly op
+    assert ours.saved_tensors < plain.saved_tensors and 3 * ours.saved_bytes < plain.saved_bytes
+    assert ours.recompute_count < ops.recompute_count < full.recompute_count
+    assert full.saved_bytes < ops.saved_bytes < ours.saved_bytes
+    # Under eager 'full', backward re-runs each block's attention; 'ops' keeps it as the pass does.
+    assert full.recomputes(ATTENTION) == DEPTH and ops.recomputes(ATTENTION) == 0
+
+
+def test_table_lists_every_route(routes):
+    table = format_table(routes, "toy").splitlines()
+    assert table[0] == "toy" and [line.split()[0] for line in table[2:]] == ["no", "graph", "eager", "eager"]
+
+
+def test_command_line_measures_the_toy_stack_it_is_given(monkeypatch, capsys):
+    seen = {}
+
+    def fake_compare(make_case, **kwargs):
+        seen["case"], seen["kwargs"] = make_case(), kwargs
+        return {route: CompiledActivations(2**20, 1) for route in measure.ROUTES}
+
+    monkeypatch.setattr(measure, "compare_routes", fake_compare)
+    measure.main(["--depth", "3", "--dim", "32", "--heads", "2", "--batch", "1", "--tokens", "8"])
+    assert len(seen["case"].model.layers) == 3 and tuple(seen["case"].inputs["x"].shape) == (1, 8, 32)
+    assert seen["kwargs"] == {"blocks": ["layers"], "backend": "aot_eager"}
+    assert "graph pass" in capsys.readouterr().out
