@@ -190,6 +190,10 @@ SPEC = AdapterSpec(
             attention_calls={_BLOCK: 3, "WanAnimateFaceBlockCrossAttention": 1, "MotionEncoderResBlock": 0},
             versions=VERSIONS,
             tiny=tiny_animate,
+            compile_unsupported=(
+                "diffusers 0.42's face encoder: backward under torch.compile raises 'view size is not compatible "
+                "with input tensor's size and stride', with or without checkpointing"
+            ),
         ),
     ),
     backends=attention_backends(),

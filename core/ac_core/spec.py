@@ -141,7 +141,10 @@ class ModelSpec:
     stands for every child of a ModuleDict (``"mode_blocks.*"``). ``attention_calls`` maps each
     block class name to the attention calls one forward of it makes. ``versions`` is a
     requirement string (``"diffusers>=0.42"``) for the library versions whose layout this declares.
-    ``tiny`` builds a tiny :class:`ModelCase` from a config in code, with no download.
+    ``tiny`` builds a tiny :class:`ModelCase` from a config in code, with no download; it seeds torch
+    itself, so every call builds the same weights and inputs.
+    ``compile_unsupported`` says why torch.compile cannot train this model even without ac-core (an
+    upstream failure); the conformance suite checks that claim on the plain model instead of compiling ours.
     ``presets`` map a preset name (e.g. ``"wan2.1-1.3b"``) to a factory taking keyword options
     (``layers``, ``seq``) that builds a few blocks at the real model's width.
     """
@@ -153,6 +156,7 @@ class ModelSpec:
     versions: str | None = None
     tiny: Callable[[], ModelCase] | None = None
     presets: Mapping[str, Callable[..., ModelCase]] = field(default_factory=dict)
+    compile_unsupported: str | None = None
 
     def __post_init__(self) -> None:
         _tupled(self, "containers", self.containers)

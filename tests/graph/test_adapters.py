@@ -38,6 +38,9 @@ def _params() -> list:
             marks = (
                 [pytest.mark.skip(reason=f"{spec.library} is not installed: {spec.install_hint}")] if missing else []
             )
+            if model_spec.compile_unsupported:
+                # The conformance suite holds the adapter to this claim on the plain model.
+                marks.append(pytest.mark.skip(reason=f"declared compile_unsupported: {model_spec.compile_unsupported}"))
             params.append(pytest.param(spec, model_spec, id=f"{name}-{model_spec.class_name}", marks=marks))
     return params
 
@@ -62,7 +65,7 @@ def test_graph_route_on_tiny_model(spec: AdapterSpec, model_spec: ModelSpec, cap
     if had_library_checkpointing:
         assert any("eager checkpointing was removed" in r.getMessage() for r in caplog.records)
 
-    grads = {name: p.grad.detach().clone() for name, p in case.model.named_parameters()}
+    grads = {name: p.grad.detach().clone() for name, p in case.model.named_parameters() if p.grad is not None}
     assert_same_training((torch.tensor(ours.loss), grads), (expected[0].float(), expected[1]), atol=1e-5)
 
     attention = DEFAULT_SAC_SAVE_OPS | spec.retained_ops()

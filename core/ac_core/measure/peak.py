@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from .memory import LivePeak
+from .memory import LivePeak, live_nbytes, plain_tensors, storage_ref
 
 
 class PeakMemory:
@@ -52,20 +52,16 @@ class PeakMemory:
 
 def _bytes_of(track: Any) -> int:
     """Bytes of the distinct storages behind the tensors in ``track`` (modules' parameters and buffers too)."""
-    storages: dict[tuple[str, int], int] = {}
+    tensors: list[torch.Tensor] = []
     for obj in tree_leaves(track):
         if isinstance(obj, torch.nn.Module):
-            tensors = [*obj.parameters(), *obj.buffers()]
+            tensors += [*obj.parameters(), *obj.buffers()]
         elif isinstance(obj, torch.optim.Optimizer):
-            tensors = [t for state in obj.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+            tensors += [t for state in obj.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
         elif isinstance(obj, torch.Tensor):
-            tensors = [obj]
-        else:
-            continue
-        for tensor in tensors:
-            storage = tensor.untyped_storage()
-            storages[(str(tensor.device), storage.data_ptr())] = storage.nbytes()
-    return sum(storages.values())
+            tensors.append(obj)
+    refs = {ref.cdata: ref for ref in map(storage_ref, plain_tensors(tensors))}
+    return sum(live_nbytes(ref) for ref in refs.values())
 
 
 __all__ = ["PeakMemory"]
