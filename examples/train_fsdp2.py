@@ -20,7 +20,9 @@ from torch import nn
 from ac_core import (
     AdapterSpec,
     ModelCase,
+    OffloadConfig,
     apply_activation_checkpointing,
+    apply_activation_offload,
     checkpointed_blocks,
     get_adapter,
     model_blocks,
@@ -38,6 +40,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="model class name (default: the adapter's first with a tiny)")
     parser.add_argument("--policy", choices=POLICIES, default="ops")
     parser.add_argument("--n-layer", type=int, default=2, help="block_skip: checkpoint every n-th block")
+    parser.add_argument(
+        "--offload",
+        type=int,
+        default=0,
+        metavar="MIN_TOKENS",
+        help="offload activations of forwards with at least MIN_TOKENS tokens to pinned host memory (0: off; "
+        "CUDA only, a no-op on CPU)",
+    )
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -59,11 +69,6 @@ def build(adapter: AdapterSpec, model_class: str | None) -> ModelCase:
         raise SystemExit(f"adapter {adapter.name!r} has no tiny model {model_class!r}; it has: {served}")
     torch.manual_seed(0)  # the same weights and batch on every rank
     return tiny[0].tiny()
-
-
-def checkpoint_options(args: argparse.Namespace) -> dict:
-    """Extra keywords for apply_activation_checkpointing; activation offload's configuration belongs here."""
-    return {}
 
 
 def shard(model: nn.Module, adapter: AdapterSpec, mesh) -> None:
@@ -96,10 +101,12 @@ def main() -> None:
     case = build(adapter, args.model).to(device)
     model = case.model.train()
     name = type(model).__name__  # fully_shard renames the class (FSDP<name>)
+    offload = OffloadConfig(min_tokens=args.offload) if args.offload else None
     if args.policy != "none":
-        apply_activation_checkpointing(
-            model, args.policy, args.n_layer if args.policy == "block_skip" else 1, **checkpoint_options(args)
-        )
+        n_layer = args.n_layer if args.policy == "block_skip" else 1
+        apply_activation_checkpointing(model, args.policy, n_layer, adapter=adapter, offload=offload)
+    elif offload is not None:
+        apply_activation_offload(model, offload, adapter=adapter)
     if distributed:
         shard(model, adapter, mesh)
     if rank == 0:

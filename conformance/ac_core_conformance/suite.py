@@ -32,6 +32,7 @@ from .checks import (
     check_save_pretrained,
     compile_backend,
     no_context,
+    offload_context,
 )
 from .subjects import AdapterRef, Subject, subjects_of
 
@@ -80,9 +81,11 @@ class AdapterTests:
     compile_backend: str | None = None
     """torch.compile backend of check 6; None: ``--ac-core-compile-backend``, ``$AC_CORE_COMPILE_BACKEND``,
     else ``aot_eager``."""
-    attention_contexts: Mapping[str, AttentionContext] = MappingProxyType({"plain": no_context})
-    """Contexts entered around forward and backward of check 3, by id. Add one (e.g. activation offload)
-    to run the retention check under it as well."""
+    attention_contexts: Mapping[str, AttentionContext] = MappingProxyType(
+        {"plain": no_context, "offload": offload_context}
+    )
+    """Contexts entered around forward and backward of check 3, by id: plain, and with activation offload on
+    (retained attention outputs must stay on the compute device). Add one to run the check under it too."""
 
     def _adapter_refs(self, config: pytest.Config) -> list[AdapterRef]:
         if self.adapter is not None:

@@ -176,3 +176,30 @@ def test_the_module_runs_as_a_script():
     assert "ac-core bench: error: unknown adapter 'nope'" in result.stderr
     lean = "import sys, ac_core; print([m for m in sys.modules if m.startswith(('ac_core.cli', 'rich'))])"
     assert subprocess.run([sys.executable, "-c", lean], capture_output=True, text=True).stdout.strip() == "[]"
+
+
+def test_offload_rows_and_the_synchronous_baseline(tmp_path):
+    from ac_core.offload import use_offload_transport
+    from ac_core.offload.testing import RecordingTransport
+
+    # 512 tokens x width 1024 in float32: 2 MiB activations, above offload's 1 MiB threshold.
+    flags = ("--adapter", "toy", "--preset", "toy-wide", "--layers", "2", "--seq", "512", "--steps", "1")
+    with use_offload_transport(RecordingTransport()) as transport:
+        code, data = _bench(tmp_path, *flags, "--policy", "none,full,ops", "--offload", "256")
+    assert code == 0
+    rows = {row["label"]: row for row in data["rows"]}
+    assert list(rows) == ["none", "none+offload", "full", "full+offload", "full+save_on_cpu", "ops", "ops+offload"]
+    assert rows["full+save_on_cpu"]["status"] == "skipped" and "needs CUDA" in rows["full+save_on_cpu"]["reason"]
+    assert data["environment"]["offload_min_tokens"] == 256
+    assert transport.offloaded and not transport.violations
+    held = {label: row["held_for_backward_bytes"] for label, row in rows.items() if row["status"] == "ok"}
+    for policy in ("none", "full", "ops"):
+        assert rows[f"{policy}+offload"]["grad_ok"] is True
+        assert held[f"{policy}+offload"] < held[policy], policy
+    # Attention outputs retained by 'ops' stay on the device: offload moves the same tensors as under 'full'.
+    assert held["ops+offload"] - held["full+offload"] == held["ops"] - held["full"]
+
+
+def test_offload_flag_is_validated():
+    with pytest.raises(SystemExit):
+        main(["bench", "--adapter", "toy", "--offload", "0"])

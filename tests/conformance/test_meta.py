@@ -97,6 +97,34 @@ def test_false_retainable_claim_shows_in_memory_too():
         check_memory(subject(MATH_CLAIMED_RETAINABLE))
 
 
+def test_offload_that_moves_a_retained_output_fails():
+    """A context reporting every new storage as offloaded stands in for offload that moves attention outputs."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class MovesEverything(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.offloaded: list[SimpleNamespace] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    self.offloaded.append(SimpleNamespace(storage=t.untyped_storage().data_ptr()))
+            return out
+
+    @contextmanager
+    def everything_moves(model, device):
+        with MovesEverything() as mode:
+            yield mode
+
+    with pytest.raises(AssertionError, match=r"retained outputs left the compute device.*offloaded"):
+        check_attention_retained(subject(TOY_ADAPTER), "sdpa", context=everything_moves)
+
+
 def test_false_not_retainable_claim_fails():
     with pytest.raises(AssertionError, match="expected one 'retained nothing' warning over two steps, got 0"):
         check_not_retainable_backend(subject(SDPA_CLAIMED_NOT_RETAINABLE), "sdpa")

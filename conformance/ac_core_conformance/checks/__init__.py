@@ -13,6 +13,7 @@ from .attention import (
     check_attention_retained,
     check_not_retainable_backend,
     no_context,
+    offload_context,
     preferred_retainable_backend,
 )
 from .compile import COMPILE_BACKEND_ENV, DEFAULT_COMPILE_BACKEND, check_compile, compile_backend
@@ -44,5 +45,6 @@ __all__ = [
     "check_save_pretrained",
     "compile_backend",
     "no_context",
+    "offload_context",
     "preferred_retainable_backend",
 ]

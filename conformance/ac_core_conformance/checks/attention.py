@@ -7,8 +7,8 @@ compute device, and a backend declared not retainable warns once and still train
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import pytest
@@ -18,6 +18,8 @@ from torch import nn
 from ac_core import AttentionBackend, apply_activation_checkpointing, checkpointed_blocks
 from ac_core._containers import resolve_containers
 from ac_core.measure import OpCounter
+from ac_core.offload import OffloadConfig, apply_activation_offload, remove_activation_offload, use_offload_transport
+from ac_core.offload.testing import RecordingTransport
 from ac_core.ops import _reset_warnings
 
 from ..probes import attribute_ops, capture_logs, named_op_matcher, record_retained
@@ -32,6 +34,25 @@ AttentionContext = Callable[[nn.Module, str], AbstractContextManager]
 def no_context(model: nn.Module, device: str) -> AbstractContextManager:
     """The plain run: nothing around forward and backward."""
     return nullcontext()
+
+
+@contextmanager
+def offload_context(model: nn.Module, device: str) -> Iterator[RecordingTransport | None]:
+    """Activation offload of every saved tensor, whatever its size, around the step.
+
+    On CUDA it is ac-core's own device path; elsewhere the recording test double stands in for it
+    (it copies for real and records what moved), so the check also runs on a machine without a GPU.
+    """
+    config = OffloadConfig(min_tokens=1, min_bytes=0, token_count=lambda model, inputs: 1)
+    transport = None if torch.device(device).type == "cuda" else RecordingTransport(torch.device(device).type)
+    with use_offload_transport(transport) if transport is not None else nullcontext():
+        apply_activation_offload(model, config)
+        try:
+            yield transport
+        finally:
+            remove_activation_offload(model)
+    if transport is not None:
+        assert not transport.violations, f"activation offload broke its copy contract: {transport.violations}"
 
 
 @dataclass(frozen=True)
@@ -120,10 +141,15 @@ def check_attention_retained(
     case = build(subject, device, backend=declared.name)
     apply_activation_checkpointing(case.model, "ops", adapter=subject.adapter)
     compute = torch.device(device).type
-    with record_retained() as retained, OpCounter() as counter, context(case.model, device):
+    with record_retained() as retained, OpCounter() as counter, context(case.model, device) as around:
         loss = case.run()
         dead = [out.op for out in retained.outputs if not out.alive]
         elsewhere = sorted({f"{out.op} on {out.device}" for out in retained.outputs if out.device.type != compute})
+        # A context that moves tensors off the device (offload's test double) says what it moved.
+        moved = {record.storage for record in getattr(around, "offloaded", ())}
+        if hasattr(around, "offloaded"):
+            assert moved, f"{subject.id}: the offload context moved nothing, so it proves nothing"
+        elsewhere += sorted({f"{out.op} offloaded" for out in retained.outputs if out.data_ptr in moved})
         loss.backward()
     counts = AttentionCounts(
         per_block, outside, counter.count(declared.ops, "forward"), counter.count(declared.ops, "backward")
@@ -200,5 +226,6 @@ __all__ = [
     "check_attention_retained",
     "check_not_retainable_backend",
     "no_context",
+    "offload_context",
     "preferred_retainable_backend",
 ]

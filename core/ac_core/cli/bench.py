@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import median
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -16,6 +16,7 @@ from torch import nn
 from .._versions import version_supported
 from ..checkpointing import apply_activation_checkpointing, checkpointed_blocks, remove_activation_checkpointing
 from ..measure import StepMeasurement, compare_grads, measure_step, time_steps
+from ..offload import OffloadConfig, apply_activation_offload
 from ..ops import DEFAULT_RETAINED_OPS
 from ..policy import CheckpointType
 from ..spec import AdapterSpec, ModelCase, ModelSpec
@@ -53,26 +54,38 @@ class SkipRow(Exception):
 
 @dataclass(frozen=True)
 class Variant:
-    """How one row's model is set up: the policy, and any option that changes how the step runs.
+    """How one row's model is set up: the policy, and whether activations leave the device.
 
-    ``options`` are passed to :func:`apply_activation_checkpointing` as keywords (a new option,
-    e.g. activation offload, adds a key here and, for a labelled row of its own, a ``suffix``).
+    ``offload`` is ac-core's activation offload (with ``policy == "none"`` it runs without checkpointing);
+    ``save_on_cpu`` is the synchronous baseline: ``full`` with torch's ``save_on_cpu(pin_memory=True)``
+    around the forward, as trainers that wrap it (FastVideo's seed) do.
     """
 
     policy: str
     n_layer: int = 1
-    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    suffix: str = ""
+    offload: OffloadConfig | None = None
+    save_on_cpu: bool = False
 
     @property
     def label(self) -> str:
         base = f"{self.policy}(n={self.n_layer})" if self.policy == CheckpointType.BLOCK_SKIP.value else self.policy
-        return base + self.suffix
+        return base + ("+offload" if self.offload else "") + ("+save_on_cpu" if self.save_on_cpu else "")
 
     def setup(self, model: nn.Module, adapter: AdapterSpec) -> str:
         """Set ``model`` up for this row; returns what was done, in words. Raises SkipRow if it cannot."""
+        if self.save_on_cpu:
+            device = next(model.parameters()).device
+            if device.type != "cuda":
+                raise SkipRow(f"save_on_cpu(pin_memory=True) needs CUDA (the model is on {device.type})")
+            apply_activation_checkpointing(model, self.policy, self.n_layer, adapter=adapter)
+            model.__dict__[_SAVE_ON_CPU_ATTR] = model.__dict__.get("forward")
+            model.__dict__["forward"] = types.MethodType(_forward_saving_on_cpu, model)
+            return f"{len(checkpointed_blocks(model))} blocks checkpointed, forward under save_on_cpu"
         if self.policy == NONE:
-            return "no checkpointing"
+            if self.offload is None:
+                return "no checkpointing"
+            apply_activation_offload(model, self.offload, adapter=adapter)
+            return f"no checkpointing, offload from {self.offload.min_tokens} tokens"
         if self.policy == LIBRARY:
             for enable, disable in LIBRARY_METHODS:
                 if callable(getattr(model, enable, None)) and callable(getattr(model, disable, None)):
@@ -83,8 +96,9 @@ class Variant:
                     return f"{enable}()"
             names = ", ".join(f"{enable}()" for enable, _ in LIBRARY_METHODS)
             raise SkipRow(f"{type(model).__name__} has no library checkpointing ({names})")
-        apply_activation_checkpointing(model, self.policy, self.n_layer, adapter=adapter, **self.options)
-        return f"{len(checkpointed_blocks(model))} blocks checkpointed"
+        apply_activation_checkpointing(model, self.policy, self.n_layer, adapter=adapter, offload=self.offload)
+        offloaded = f", offload from {self.offload.min_tokens} tokens" if self.offload else ""
+        return f"{len(checkpointed_blocks(model))} blocks checkpointed{offloaded}"
 
     def teardown(self, model: nn.Module) -> None:
         """Undo :meth:`setup`, leaving ``model`` plain for the next row."""
@@ -93,7 +107,22 @@ class Variant:
                 if callable(getattr(model, enable, None)) and callable(getattr(model, disable, None)):
                     getattr(model, disable)()
                     return
-        remove_activation_checkpointing(model)
+        if _SAVE_ON_CPU_ATTR in model.__dict__:
+            previous = model.__dict__.pop(_SAVE_ON_CPU_ATTR)
+            if previous is None:
+                model.__dict__.pop("forward", None)
+            else:
+                model.__dict__["forward"] = previous
+        remove_activation_checkpointing(model)  # removes offload too
+
+
+_SAVE_ON_CPU_ATTR = "_ac_core_bench_save_on_cpu"
+
+
+def _forward_saving_on_cpu(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    previous = self.__dict__[_SAVE_ON_CPU_ATTR]
+    with torch.autograd.graph.save_on_cpu(pin_memory=True):
+        return previous(*args, **kwargs) if previous is not None else type(self).forward(self, *args, **kwargs)
 
 
 @dataclass
@@ -129,13 +158,22 @@ class Row:
 ROW_FIELDS = tuple(Row.__dataclass_fields__)
 
 
-def variants(policies: Sequence[str], n_layer: int, options: Mapping[str, Any]) -> list[Variant]:
-    """The rows to measure for each model, ``none`` first (the reference every other row is compared with)."""
+def variants(policies: Sequence[str], n_layer: int, offload: OffloadConfig | None = None) -> list[Variant]:
+    """The rows to measure for each model, ``none`` first (the reference every other row is compared with).
+
+    With ``offload``, each chosen policy but ``library`` gets a ``+offload`` row after it, and ``full``
+    (when chosen) a synchronous ``+save_on_cpu`` row, the baseline offload is measured against.
+    """
     chosen = [NONE, *(p for p in POLICIES if p in policies and p != NONE)]
-    return [
-        Variant(p, n_layer if p == CheckpointType.BLOCK_SKIP.value else 1, MappingProxyType(dict(options)))
-        for p in chosen
-    ]
+    rows: list[Variant] = []
+    for policy in chosen:
+        n = n_layer if policy == CheckpointType.BLOCK_SKIP.value else 1
+        rows.append(Variant(policy, n))
+        if offload is not None and policy != LIBRARY:
+            rows.append(Variant(policy, n, offload=offload))
+        if offload is not None and policy == CheckpointType.FULL.value:
+            rows.append(Variant(policy, n, save_on_cpu=True))
+    return rows
 
 
 def steps_per_model(args: argparse.Namespace, rows: int) -> int:
@@ -270,9 +308,8 @@ def _validate(args: argparse.Namespace) -> tuple[list[tuple[AdapterSpec, list[Mo
     return selected, policies
 
 
-def _checkpoint_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Keywords every checkpointed row passes to apply_activation_checkpointing (none yet beyond the policy)."""
-    return {}
+def _offload_config(args: argparse.Namespace) -> OffloadConfig | None:
+    return None if args.offload is None else OffloadConfig(min_tokens=args.offload)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -291,7 +328,7 @@ def _run(args: argparse.Namespace, selected: list[tuple[AdapterSpec, list[ModelS
 
     from ._report import print_table, write_json, write_plot
 
-    rows_to_run = variants(policies, args.n_layer, _checkpoint_options(args))
+    rows_to_run = variants(policies, args.n_layer, _offload_config(args))
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     total = sum(len(models) for _, models in selected) * steps_per_model(args, len(rows_to_run))
     rows: list[Row] = []
@@ -324,6 +361,7 @@ def _run(args: argparse.Namespace, selected: list[tuple[AdapterSpec, list[ModelS
         steps=args.steps,
         warmup=args.warmup,
         n_layer=args.n_layer,
+        offload_min_tokens=args.offload,
     )
     print_table(stdout(), rows, env)
     if args.json is not None:
@@ -373,6 +411,14 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--steps", type=_positive, default=3, help="timed steps per row; the median is reported (3)")
     parser.add_argument(
         "--warmup", type=_non_negative, default=1, help="untimed steps per model before its first row (1)"
+    )
+    parser.add_argument(
+        "--offload",
+        type=_positive,
+        default=None,
+        metavar="MIN_TOKENS",
+        help="also measure each policy with activation offload from MIN_TOKENS tokens, and full with torch's "
+        "synchronous save_on_cpu (CUDA only)",
     )
     parser.add_argument("--threads", type=_positive, default=None, help="CPU threads for torch (its default)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write every figure as JSON")
