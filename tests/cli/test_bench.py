@@ -96,14 +96,16 @@ def test_missing_library_is_skipped_with_the_install_command(tmp_path, capsys):
 
 
 def test_every_registered_adapter_on_the_tiny_preset_in_under_a_minute(tmp_path, toy_registered):
-    start = time.perf_counter()
+    # CPU time of this process (the bench runs on one thread here): xdist's other workers share the
+    # machine's cores and would make wall time measure them too.
+    start = time.process_time()
     code, data = _bench(tmp_path)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert code == 0
     adapters = {row["adapter"] for row in data["rows"]}
     assert adapters == set(registered_adapters())
     assert all(row["status"] in ("ok", "skipped") for row in data["rows"])
-    assert elapsed < 60, f"ac-core bench took {elapsed:.0f} s on the tiny preset"
+    assert elapsed < 60, f"ac-core bench took {elapsed:.0f} s of CPU on the tiny preset"
 
 
 def test_a_preset_sized_by_layers_and_seq(tmp_path):

@@ -93,6 +93,16 @@ def test_peak_memory_counts_what_a_region_allocates():
     assert c.numel() == 512
 
 
+def test_peak_memory_follows_storages_resized_away():
+    # FSDP frees unsharded weights with resize_(0) and keeps the storage object alive.
+    with PeakMemory("cpu") as peak:
+        a = torch.ones(1024)
+        a.untyped_storage().resize_(0)
+        b = torch.ones(1024)
+    assert peak.bytes == 4096
+    assert a.untyped_storage().nbytes() == 0 and b.numel() == 1024
+
+
 def test_time_steps():
     case = toy_case(depth=1)
     calls = []

@@ -61,28 +61,61 @@ class _StorageRecorder(TorchDispatchMode):
 class LivePeak(TorchDispatchMode):
     """Peak bytes of storages created inside the mode and alive at once.
 
-    Memory only grows when an op allocates, so the live set is re-read and the peak taken only then:
-    the cost grows with the number of live storages, not with everything ever allocated.
+    A running total counts every storage created, less those found freed at the last prune. That
+    total can only overstate what is alive, so the live set is re-read (pruned) only when the total
+    passes the peak so far: cheap in backward, where memory shrinks. Resizes (FSDP frees unsharded
+    weights with ``resize_(0)``) are followed by wrapping ``UntypedStorage.resize_`` while active.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.peak = 0
-        self._live: dict[int, StorageWeakRef] = {}
+        self._refs: dict[int, StorageWeakRef] = {}
+        self._bytes: dict[int, int] = {}
+        self._total = 0
+        self._resize: Any = None
+
+    def __enter__(self) -> LivePeak:
+        original = self._resize = torch.UntypedStorage.resize_
+
+        def resize_(storage: torch.UntypedStorage, size: int) -> Any:
+            result = original(storage, size)
+            key = StorageWeakRef(storage).cdata
+            if key in self._bytes:
+                self._total += storage.nbytes() - self._bytes[key]
+                self._bytes[key] = storage.nbytes()
+                self._update_peak()
+            return result
+
+        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
+        super().__exit__(*exc)
+
+    def _update_peak(self) -> None:
+        if self._total <= self.peak:
+            return
+        for key in [k for k, ref in self._refs.items() if ref.expired()]:
+            del self._refs[key]
+            self._total -= self._bytes.pop(key)
+        self.peak = max(self.peak, self._total)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         created = new_storages(func, out)
+        for ref in created:
+            old = self._refs.get(ref.cdata)
+            if old is not None and not old.expired():
+                continue  # the same storage, seen again
+            if old is not None:  # a freed storage whose address was reused
+                self._total -= self._bytes[ref.cdata]
+            self._refs[ref.cdata] = ref
+            self._bytes[ref.cdata] = live_nbytes(ref)
+            self._total += self._bytes[ref.cdata]
         if created:
-            for ref in created:
-                self._live.setdefault(ref.cdata, ref)
-            total = 0
-            for key, ref in list(self._live.items()):
-                if ref.expired():
-                    del self._live[key]
-                else:
-                    total += live_nbytes(ref)
-            self.peak = max(self.peak, total)
+            self._update_peak()
         return out
 
 
