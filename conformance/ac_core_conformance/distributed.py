@@ -31,9 +31,12 @@ FSDP_TIMEOUT_S = 600.0
 """How long the spawned ranks of one check may take before they are killed and the check fails."""
 
 
-def subject_for(adapter_ref: str, model_cls: str) -> Subject:
-    """The Subject for ``model_cls`` (its ModelSpec's ``cls`` string) of the adapter ``adapter_ref`` names."""
+def subject_for(adapter_ref: str, model_cls: str | int) -> Subject:
+    """The Subject for ``model_cls`` of the adapter ``adapter_ref`` names: a ModelSpec's ``cls`` string (its
+    first spec), or an index into ``adapter.models`` (exact where an adapter declares one class twice)."""
     adapter = load_adapter(adapter_ref)
+    if isinstance(model_cls, int):
+        return Subject(adapter, adapter.models[model_cls], adapter_ref)
     matching = [m for m in adapter.models if m.cls == model_cls]
     if not matching:
         raise ValueError(f"adapter {adapter.name!r} has no ModelSpec for {model_cls}")
@@ -98,7 +101,7 @@ def _worker(
     world: int,
     port: int,
     adapter_ref: str,
-    model_cls: str,
+    model_cls: str | int,
     policies: Sequence[str | None],
     n_layer: int,
     out: str,
@@ -129,7 +132,7 @@ def _run_ranks(args: tuple, world: int, timeout: float) -> None:
 
 def fsdp_steps(
     adapter_ref: str,
-    model_cls: str,
+    model_cls: str | int,
     policies: Sequence[str | None],
     n_layer: int = 1,
     world: int = 2,
@@ -149,12 +152,14 @@ def fsdp_steps(
     }
 
 
-def fsdp_step(adapter_ref: str, model_cls: str, policy: str | None, n_layer: int = 1, world: int = 2) -> StepResult:
+def fsdp_step(
+    adapter_ref: str, model_cls: str | int, policy: str | None, n_layer: int = 1, world: int = 2
+) -> StepResult:
     """Loss, full gradients and retained op names of one step under FSDP2 on ``world`` CPU processes."""
     return fsdp_steps(adapter_ref, model_cls, [policy], n_layer, world)[policy]
 
 
-def single_step(adapter_ref: str, model_cls: str) -> StepResult:
+def single_step(adapter_ref: str, model_cls: str | int) -> StepResult:
     """The same step in this process, without checkpointing or sharding."""
     case = build(subject_for(adapter_ref, model_cls))
     torch.manual_seed(STEP_SEED)
