@@ -126,6 +126,7 @@ def main() -> None:
         peak = max(peak, memory.base_bytes + memory.bytes)
         print(f"rank {rank} step {step} loss {loss.item():.9f} peak {peak / 2**20:.2f} MiB", flush=True)
     if distributed:
+        torch.distributed.barrier()  # no rank tears the group down while another is still in a collective
         torch.distributed.destroy_process_group()
 
 

@@ -115,6 +115,9 @@ def _worker(
         results = [_one_step(subject, policy, n_layer) for policy in policies]
         if rank == 0:
             torch.save(results, out)
+        # No rank tears gloo down while another is still in a collective: that aborted a rank
+        # ("terminate called without an active exception") on a loaded 2-core machine.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
