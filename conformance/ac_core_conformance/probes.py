@@ -79,7 +79,6 @@ class RetainedOutput:
     device: torch.device
     nbytes: int
     storage: StorageWeakRef | None
-    data_ptr: int | None = None
 
     @property
     def alive(self) -> bool:
@@ -118,8 +117,7 @@ def record_retained() -> Iterator[RetainedRecord]:
                 # Compile traces fake tensors: their device is real, their storage is not.
                 real = type(tensor) in (torch.Tensor, nn.Parameter)
                 storage = StorageWeakRef(tensor.untyped_storage()) if real else None
-                pointer = tensor.untyped_storage().data_ptr() if real else None
-                record.outputs.append(RetainedOutput(func.name(), tensor.device, tensor.nbytes, storage, pointer))
+                record.outputs.append(RetainedOutput(func.name(), tensor.device, tensor.nbytes, storage))
             if not outputs:
                 record.outputs.append(RetainedOutput(func.name(), torch.device("meta"), 0, None))
         return decision

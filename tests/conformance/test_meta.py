@@ -102,6 +102,7 @@ def test_offload_that_moves_a_retained_output_fails():
     from contextlib import contextmanager
     from types import SimpleNamespace
 
+    from torch.multiprocessing.reductions import StorageWeakRef
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class MovesEverything(TorchDispatchMode):
@@ -113,7 +114,7 @@ def test_offload_that_moves_a_retained_output_fails():
             out = func(*args, **(kwargs or {}))
             for t in out if isinstance(out, (tuple, list)) else [out]:
                 if isinstance(t, torch.Tensor):
-                    self.offloaded.append(SimpleNamespace(storage=t.untyped_storage().data_ptr()))
+                    self.offloaded.append(SimpleNamespace(source=StorageWeakRef(t.untyped_storage())))
             return out
 
     @contextmanager

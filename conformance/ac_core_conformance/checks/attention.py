@@ -145,11 +145,16 @@ def check_attention_retained(
         loss = case.run()
         dead = [out.op for out in retained.outputs if not out.alive]
         elsewhere = sorted({f"{out.op} on {out.device}" for out in retained.outputs if out.device.type != compute})
-        # A context that moves tensors off the device (offload's test double) says what it moved.
-        moved = {record.storage for record in getattr(around, "offloaded", ())}
-        if hasattr(around, "offloaded"):
-            assert moved, f"{subject.id}: the offload context moved nothing, so it proves nothing"
-        elsewhere += sorted({f"{out.op} offloaded" for out in retained.outputs if out.data_ptr in moved})
+        # A context that moves tensors off the device (offload's test double) says what it moved. A moved
+        # storage still alive now is the same storage as a retained output exactly when their cdata match
+        # (addresses of freed storages are reused, so data pointers would not do).
+        offloaded = getattr(around, "offloaded", None)
+        if offloaded is not None:
+            assert offloaded, f"{subject.id}: the offload context moved nothing, so it proves nothing"
+            moved = {r.source.cdata for r in offloaded if r.source is not None and not r.source.expired()}
+            elsewhere += sorted(
+                {f"{out.op} offloaded" for out in retained.outputs if out.alive and out.storage.cdata in moved}
+            )
         loss.backward()
     counts = AttentionCounts(
         per_block, outside, counter.count(declared.ops, "forward"), counter.count(declared.ops, "backward")

@@ -12,7 +12,7 @@ one back early shows in gradients.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -34,6 +34,8 @@ class OffloadRecord:
     dtype: torch.dtype
     nbytes: int
     storage: int  # data_ptr of its storage, to match it against tensors a test captured
+    source: StorageWeakRef | None = field(default=None, compare=False)
+    """The storage itself, weakly: while both are alive, its ``cdata`` identifies it (an address may be reused)."""
 
 
 class _Ticket:
@@ -106,8 +108,9 @@ class RecordingTransport:
         host.copy_(tensor)
         storage = tensor.untyped_storage()
         self._advance(1)
-        ticket = _Ticket(next(self._seq), chunk, host, StorageWeakRef(storage), self._clock + self.lag)
-        self.offloaded.append(OffloadRecord(tuple(tensor.shape), tensor.dtype, nbytes, storage.data_ptr()))
+        source = StorageWeakRef(storage)
+        ticket = _Ticket(next(self._seq), chunk, host, source, self._clock + self.lag)
+        self.offloaded.append(OffloadRecord(tuple(tensor.shape), tensor.dtype, nbytes, storage.data_ptr(), source))
         if self.lag:
             self._pending.append(ticket)
         else:
