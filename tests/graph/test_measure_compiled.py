@@ -63,3 +63,20 @@ def test_command_line_measures_the_toy_stack_it_is_given(monkeypatch, capsys):
     assert len(seen["case"].model.layers) == 3 and tuple(seen["case"].inputs["x"].shape) == (1, 8, 32)
     assert seen["kwargs"] == {"blocks": ["layers"], "backend": "aot_eager"}
     assert "graph pass" in capsys.readouterr().out
+
+
+def test_command_skips_a_model_declared_not_compilable(capsys):
+    from dataclasses import replace
+
+    from ac_core import register_adapter, unregister_adapter
+    from ac_core.testing import TOY_ADAPTER
+
+    declared = replace(TOY_ADAPTER.models[0], compile_unsupported="upstream backward fails under compile")
+    register_adapter(replace(TOY_ADAPTER, name="toy_uncompilable", models=(declared,)))
+    try:
+        measure.main(["--adapter", "toy_uncompilable"])
+    finally:
+        unregister_adapter("toy_uncompilable")
+    out = capsys.readouterr().out
+    assert "skipped: torch.compile cannot train it (declared: upstream backward fails under compile)" in out
+    assert "no pass" not in out

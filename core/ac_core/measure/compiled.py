@@ -309,4 +309,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if model_spec.tiny is None:
             continue
         title = f"{spec.name}: tiny {model_spec.class_name}"
+        if model_spec.compile_unsupported:
+            print(f"{title}\nskipped: torch.compile cannot train it (declared: {model_spec.compile_unsupported})\n")
+            continue
         print(format_table(compare_routes(model_spec.tiny, adapter=spec, backend=args.backend), title))
