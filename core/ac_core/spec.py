@@ -190,7 +190,8 @@ class AdapterSpec:
     ``library`` is the distribution the family comes from and ``extra`` the ac-core extra that installs it.
     ``requirements`` say in words what training under checkpointing needs; ``prepare(model)`` arranges
     them (and logs what it changed). ``set_backend(model, name)`` switches the model's attention backend;
-    ``token_count(model, inputs)`` gives the tokens one sample's forward processes.
+    ``token_count(model, inputs)`` gives the tokens one forward's main attention processes, over the whole
+    batch (Llama: batch x sequence; Wan: latent patches; Flux: image plus text tokens).
     """
 
     name: str
