@@ -98,10 +98,7 @@ class Subject:
     def id(self) -> str:
         """``adapter-ModelClass``, as test ids show it; ``adapter-ModelClass-factory`` where the adapter
         declares the class more than once (e.g. one spec per block variant)."""
-        base = f"{self.adapter.name}-{self.model.class_name}"
-        if sum(m.cls == self.model.cls for m in self.adapter.models) > 1 and self.model.tiny is not None:
-            return f"{base}-{getattr(self.model.tiny, '__name__', 'tiny')}"
-        return base
+        return f"{self.adapter.name}-{self.adapter.model_label(self.model)}"
 
 
 def subjects_of(ref: AdapterRef) -> list[Subject]:

@@ -228,6 +228,13 @@ class AdapterSpec:
     def serves(self, model: nn.Module | type) -> bool:
         return self.model_spec(model) is not None
 
+    def model_label(self, model: ModelSpec) -> str:
+        """``ModelClass``, or ``ModelClass-tiny_factory`` where this adapter declares the class more than
+        once (one spec per block variant), so that reports and test ids tell the variants apart."""
+        if sum(m.cls == model.cls for m in self.models) > 1 and model.tiny is not None:
+            return f"{model.class_name}-{getattr(model.tiny, '__name__', 'tiny')}"
+        return model.class_name
+
     def backend(self, name: str) -> AttentionBackend:
         for backend in self.backends:
             if backend.name == name:

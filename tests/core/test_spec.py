@@ -87,3 +87,14 @@ def test_retained_ops_and_backend_lookup():
     assert spec.install_hint == "pip install 'ac-core[x]'"
     with pytest.raises(AdapterError, match="no attention backend 'zzz'"):
         spec.backend("zzz")
+
+
+def variant() -> None:
+    """A tiny factory's name labels a class declared twice."""
+
+
+def test_model_label_tells_a_class_declared_twice_apart():
+    twin = ModelSpec(cls="pkg.Model", containers=["blocks"], tiny=variant)
+    other = ModelSpec(cls="pkg.Other", containers=["layers"])
+    spec = AdapterSpec(name="x", models=[MODEL, twin, other])
+    assert [spec.model_label(m) for m in spec.models] == ["Model", "Model-variant", "Other"]

@@ -60,19 +60,19 @@ def print_table(console: Console, rows: Sequence[Row], env: dict[str, Any]) -> N
     previous = None
     notes: list[str] = []
     for row in rows:
-        if previous is not None and (row.adapter, row.model_class) != previous:
+        if previous is not None and (row.adapter, row.model) != previous:
             table.add_section()
-        previous = (row.adapter, row.model_class)
+        previous = (row.adapter, row.model)
         if row.status != "ok":
             # The reason goes below the table, numbered: it is too long for a cell.
             style = "yellow" if row.status == "skipped" else "red"
             notes.append(f"[{style}]({len(notes) + 1})[/] {escape(row.reason or '')}")
             status = f"[{style}]{row.status} ({len(notes)})[/]"
-            table.add_row(row.adapter, row.model_class or "-", row.label or "-", status)
+            table.add_row(row.adapter, row.model or "-", row.label or "-", status)
             continue
         table.add_row(
             row.adapter,
-            row.model_class,
+            row.model,
             row.label,
             human_bytes(row.activation_peak_bytes),
             human_bytes(row.held_for_backward_bytes),
@@ -122,9 +122,9 @@ def write_plot(path: Path, rows: Sequence[Row], env: dict[str, Any]) -> None:
     adapters = list(dict.fromkeys(r.adapter for r in measured)) or ["(no rows measured)"]
     fig, axes = plt.subplots(1, len(adapters), figsize=(5 * len(adapters), 4.2), squeeze=False)
     for ax, adapter in zip(axes[0], adapters, strict=True):
-        models = list(dict.fromkeys(r.model_class for r in measured if r.adapter == adapter))
+        models = list(dict.fromkeys(r.model for r in measured if r.adapter == adapter))
         for index, model in enumerate(models):
-            points = [r for r in measured if r.adapter == adapter and r.model_class == model]
+            points = [r for r in measured if r.adapter == adapter and r.model == model]
             xs = [100 * r.recompute_overhead for r in points]
             ys = [r.activation_peak_bytes / 2**20 for r in points]
             ax.scatter(xs, ys, color=f"C{index}", label=model, zorder=3)

@@ -130,7 +130,7 @@ class Row:
     """Every figure of one benchmark row; ``None`` where a figure does not apply (a skipped row)."""
 
     adapter: str
-    model_class: str | None
+    model: str  # AdapterSpec.model_label: the class name, told apart where a class is declared twice
     policy: str | None
     label: str | None
     status: str  # "ok", "skipped" or "error"
@@ -218,11 +218,12 @@ def _case_rows(
     advance: Callable[[int], None],
 ) -> list[Row]:
     """Build one model and measure every variant on it, 'none' first."""
+    label = adapter.model_label(model)
     supported, installed = version_supported(model.versions)
     if not supported:
         advance(steps_per_model(args, len(rows_to_run)))
         reason = f"installed {installed or 'nothing'}, adapter declares {model.versions}: {adapter.install_hint}"
-        return [Row(adapter.name, model.class_name, None, None, "skipped", reason)]
+        return [Row(adapter.name, label, None, None, "skipped", reason)]
     try:
         case = _build(model, args)
         # Warm up once, plain, so that lazily built state (caches, allocator pools) is not counted as
@@ -231,13 +232,13 @@ def _case_rows(
             time_steps(case, args.warmup, on_step=lambda: advance(1))
     except Exception as exc:
         advance(steps_per_model(args, len(rows_to_run)))
-        return [Row(adapter.name, model.class_name, None, None, "error", f"building the model failed: {exc!r}")]
+        return [Row(adapter.name, label, None, None, "error", f"building the model failed: {exc!r}")]
     tokens = adapter.token_count(case.model, case.inputs) if adapter.token_count else None
     attention_ops = DEFAULT_RETAINED_OPS | adapter.retained_ops()
     rows: list[Row] = []
     reference = None
     for variant in rows_to_run:
-        row = Row(adapter.name, model.class_name, variant.policy, variant.label, "ok", tokens=tokens)
+        row = Row(adapter.name, label, variant.policy, variant.label, "ok", tokens=tokens)
         rows.append(row)
         done = 0
 
@@ -348,9 +349,9 @@ def _run(args: argparse.Namespace, selected: list[tuple[AdapterSpec, list[ModelS
             for model in models:
                 if missing:
                     progress.advance(task, steps_per_model(args, len(rows_to_run)))
-                    rows.append(Row(adapter.name, model.class_name, None, None, "skipped", missing))
+                    rows.append(Row(adapter.name, adapter.model_label(model), None, None, "skipped", missing))
                     continue
-                progress.update(task, description=f"{adapter.name} {model.class_name}")
+                progress.update(task, description=f"{adapter.name} {adapter.model_label(model)}")
                 rows.extend(_case_rows(adapter, model, rows_to_run, args, lambda n: progress.advance(task, n)))
     env = environment(
         device,
