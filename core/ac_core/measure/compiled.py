@@ -308,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for model_spec in spec.models:
         if model_spec.tiny is None:
             continue
-        title = f"{spec.name}: tiny {model_spec.class_name}"
+        title = f"{spec.name}: tiny {spec.model_label(model_spec)}"
         if model_spec.compile_unsupported:
             print(f"{title}\nskipped: torch.compile cannot train it (declared: {model_spec.compile_unsupported})\n")
             continue
