@@ -7,11 +7,13 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import fx, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ac_core import DEFAULT_SAC_SAVE_OPS, apply_sac_pass
 from ac_core.graph.blocks import block_regions, module_path
 from ac_core.graph.save_ops import OpSet
+from ac_core.graph.torch_compile import _outside_modules
 
 from .graphs import RECOMPUTE, SAVE, GraphBuilder, policy
 
@@ -163,6 +165,44 @@ def test_a_graph_without_blocks_is_checkpointed_whole():
     out = g.op(aten.add.Tensor, proj, x)
     apply_sac_pass(g.module(out))
     assert [policy(n) for n in (norm, proj, out)] == [RECOMPUTE] * 3
+
+
+def _prelude() -> tuple[GraphBuilder, list[fx.Node]]:
+    # The model's own forward before a graph break that comes ahead of its blocks (HunyuanVideo 1.5).
+    g = GraphBuilder()
+    x, w = g.inputs.values()
+    emb = g.op(aten.mul.Tensor, x, w, stack=[("time_embed", "Timesteps"), ("time_embed.linear_1", "Linear")])
+    act = g.op(aten.silu.default, emb)
+    return g, [emb, act]
+
+
+def test_a_graph_cut_off_before_the_blocks_is_saved_whole_when_its_modules_are_outside():
+    g, nodes = _prelude()
+    blocks = {"blocks.0", "blocks.1"}
+    apply_sac_pass(g.module(nodes[-1]), blocks=blocks, outside_modules={"time_embed", "time_embed.linear_1"})
+    assert [policy(n) for n in nodes] == [SAVE, SAVE]
+
+
+def test_a_graph_without_blocks_and_no_outside_module_is_still_checkpointed_whole():
+    for outside in (None, {"proj_out"}):  # not told, or told of other modules only
+        g, nodes = _prelude()
+        apply_sac_pass(g.module(nodes[-1]), blocks={"blocks.0"}, outside_modules=outside)
+        assert [policy(n) for n in nodes] == [RECOMPUTE, RECOMPUTE]
+
+
+def test_outside_modules_leave_out_what_a_frame_rooted_in_a_block_could_spell():
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj_out = nn.Linear(2, 2)
+            self.attn = nn.Sequential(nn.Linear(2, 2))
+
+    model = nn.Module()
+    model.time_embed = nn.Sequential(nn.Linear(2, 2))
+    model.proj_out = nn.Linear(2, 2)  # also a block's submodule's name: ambiguous, left out
+    model.blocks = nn.ModuleList([Block(), Block()])
+    outside = _outside_modules(model, frozenset({"blocks.0", "blocks.1"}))
+    assert outside == {"time_embed", "time_embed.0", "blocks"}
 
 
 def test_a_getitem_crossing_a_boundary_saves_its_producer():

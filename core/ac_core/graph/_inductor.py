@@ -28,20 +28,28 @@ class SACGraphPass(CustomGraphPass):
 
     After them, not before: inductor's pattern matcher replaces nodes (and turns random ops into
     its seed ops) without carrying their tags. ``uuid()`` hashes this package's sources, the save
-    set and the blocks, so inductor's and AOTAutograd's caches never serve a graph partitioned another way.
+    set, the blocks and the modules outside them, so inductor's and AOTAutograd's caches never serve
+    a graph partitioned another way.
     """
 
-    def __init__(self, save_ops: frozenset[object], blocks: frozenset[str] | None = None) -> None:
+    def __init__(
+        self,
+        save_ops: frozenset[object],
+        blocks: frozenset[str] | None = None,
+        outside_modules: frozenset[str] | None = None,
+    ) -> None:
         self.save_ops = save_ops
         self.blocks = blocks
+        self.outside_modules = outside_modules
 
     def __call__(self, graph: fx.Graph) -> None:
-        apply_sac_pass(graph.owning_module, self.save_ops, blocks=self.blocks)
+        apply_sac_pass(graph.owning_module, self.save_ops, blocks=self.blocks, outside_modules=self.outside_modules)
 
     def uuid(self) -> str:
         digest = hashlib.sha256()
         for source in _SOURCES:
             digest.update(source.read_bytes())
         digest.update("\n".join(sorted(_describe(op) for op in self.save_ops)).encode())
-        digest.update(repr(None if self.blocks is None else sorted(self.blocks)).encode())
+        for names in (self.blocks, self.outside_modules):
+            digest.update(repr(None if names is None else sorted(names)).encode())
         return digest.hexdigest()

@@ -53,6 +53,12 @@ def _named_block(entries: list[tuple[str, str]], blocks: frozenset[str]) -> str 
     return None
 
 
+def ran_in_any(nodes: Sequence[fx.Node], modules: Collection[str]) -> bool:
+    """Whether any of ``nodes`` ran inside one of ``modules`` (FQNs, matched as named blocks are)."""
+    named = frozenset(modules)
+    return any(_named_block(_stack(node), named) is not None for node in nodes)
+
+
 def block_regions(nodes: Sequence[fx.Node], blocks: Collection[str] | None = None) -> dict[fx.Node, str | None]:
     """Map each node to the module path of the block it ran in, or None outside every block.
 

@@ -18,7 +18,11 @@ logger = logging.getLogger("ac_core")
 
 
 def apply_sac_pass(
-    gm: fx.GraphModule, op_list_to_save: Iterable[object] | None = None, *, blocks: Iterable[str] | None = None
+    gm: fx.GraphModule,
+    op_list_to_save: Iterable[object] | None = None,
+    *,
+    blocks: Iterable[str] | None = None,
+    outside_modules: Iterable[str] | None = None,
 ) -> fx.GraphModule:
     """Tag the joint graph ``gm`` for the min-cut partitioner and return it.
 
@@ -31,6 +35,8 @@ def apply_sac_pass(
     random ops are saved. Nodes that depend on a tangent (the backward) are left alone. ``blocks``
     are the blocks' FQNs (``"layers.0"``), matched against each node's ``nn_module_stack``; without
     them, blocks are found there (items of a ModuleList, two or more of one class).
+    ``outside_modules`` (FQNs of modules outside the blocks, see ``save_outside_blocks``) mark a
+    graph that a graph break cut off before or after the blocks as outside them.
     ``torch._functorch.partitioners.min_cut_rematerialization_partition`` reads the tags;
     :func:`ac_core.compile` runs this pass inside ``torch.compile``.
     """
@@ -42,7 +48,7 @@ def apply_sac_pass(
     in_save_set = tag_save_set(graph, save)
     matmuls, matmuls_saved = alternate_matmuls(graph)
     boundaries = save_block_outputs(graph, named)
-    outside = save_outside_blocks(graph, named)
+    outside = save_outside_blocks(graph, named, None if outside_modules is None else frozenset(outside_modules))
     random_ops = save_rng(graph)
     gm.recompile()
     logger.info(

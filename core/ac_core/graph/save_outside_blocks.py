@@ -7,25 +7,36 @@ from collections.abc import Collection
 from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
-from .blocks import block_regions
+from .blocks import block_regions, ran_in_any
 from .forward_part import forward_ops
 
 
-def save_outside_blocks(graph: fx.Graph, blocks: Collection[str] | None = None) -> int:
-    """Tag MUST_SAVE every forward op that ran outside all blocks, when the graph has blocks at all.
+def save_outside_blocks(
+    graph: fx.Graph, blocks: Collection[str] | None = None, outside_modules: Collection[str] | None = None
+) -> int:
+    """Tag MUST_SAVE every forward op that ran outside all blocks.
 
     Blocks are ``blocks`` (FQNs) or found from ``nn_module_stack`` (see blocks.py).
     Eager checkpointing wraps blocks only: embeddings, timestep and rotary tables, the final norm
     and head, a loss computed in ``forward`` are never recomputed. MUST_SAVE keeps the partitioner
-    from recomputing them; values backward does not need are still not kept. A graph in which no
-    block is found (one block compiled on its own, a hand-built graph) is left as it is, so the
-    whole of it is checkpointed. Returns the number of ops tagged.
+    from recomputing them; values backward does not need are still not kept.
+
+    A graph in which no block is found is either a piece of the model's own forward cut off by a
+    graph break (HunyuanVideo 1.5 breaks on ``if torch.all(image_embeds == 0)`` before its blocks)
+    or code inside a block (one block compiled on its own, a frame dynamo compiles after a break
+    inside a block, a hand-built graph). Only ``outside_modules`` tells them apart: FQNs of modules
+    outside every block that no module inside a block could also be spelled as. A graph that ran in
+    one of them is all outside and saved; any other is left as it is, so the whole of it is
+    checkpointed. Returns the number of ops tagged.
     """
     nodes = forward_ops(graph)
     regions = block_regions(nodes, blocks)
-    if not any(isinstance(region, str) for region in regions.values()):
+    if any(isinstance(region, str) for region in regions.values()):
+        outside = [node for node in nodes if regions[node] is None]
+    elif outside_modules and ran_in_any(nodes, outside_modules):
+        outside = nodes
+    else:
         return 0
-    outside = [node for node in nodes if regions[node] is None]
     for node in outside:
         node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
     return len(outside)

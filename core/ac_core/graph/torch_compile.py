@@ -28,18 +28,21 @@ def sac_partition(
     *,
     save_ops: frozenset[object] | None = None,
     blocks: frozenset[str] | None = None,
+    outside_modules: frozenset[str] | None = None,
     partition: Callable[..., tuple[fx.GraphModule, fx.GraphModule]] | None = None,
     **kwargs: Any,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """A ``partition_fn`` for ``aot_autograd``: :func:`apply_sac_pass`, then ``partition`` (min-cut by default)."""
     if partition is None:
         from torch._functorch.partitioners import min_cut_rematerialization_partition as partition
-    apply_sac_pass(gm, save_ops, blocks=blocks)
+    apply_sac_pass(gm, save_ops, blocks=blocks, outside_modules=outside_modules)
     return partition(gm, joint_inputs, **kwargs)
 
 
 def sac_aot_eager(
-    save_ops: frozenset[object] | None = None, blocks: frozenset[str] | None = None
+    save_ops: frozenset[object] | None = None,
+    blocks: frozenset[str] | None = None,
+    outside_modules: frozenset[str] | None = None,
 ) -> Callable[..., Any]:
     """The ``aot_eager`` backend with :func:`apply_sac_pass` run on each joint graph before partitioning."""
     from torch._dynamo.backends.common import aot_autograd
@@ -48,13 +51,18 @@ def sac_aot_eager(
     return aot_autograd(
         fw_compiler=boxed_nop,
         bw_compiler=boxed_nop,
-        partition_fn=functools.partial(sac_partition, save_ops=save_ops, blocks=blocks),
+        partition_fn=functools.partial(
+            sac_partition, save_ops=save_ops, blocks=blocks, outside_modules=outside_modules
+        ),
         keep_inference_input_mutations=True,
     )
 
 
 def sac_inductor_options(
-    save_ops: frozenset[object] | None = None, options: dict | None = None, blocks: frozenset[str] | None = None
+    save_ops: frozenset[object] | None = None,
+    options: dict | None = None,
+    blocks: frozenset[str] | None = None,
+    outside_modules: frozenset[str] | None = None,
 ) -> dict[str, Any]:
     """``options`` for ``torch.compile(backend="inductor")`` that run :func:`apply_sac_pass` on each joint graph.
 
@@ -65,7 +73,7 @@ def sac_inductor_options(
 
     merged = dict(options or {})
     existing = merged.get("joint_custom_post_pass")
-    ours = SACGraphPass(frozenset(DEFAULT_SAC_SAVE_OPS if save_ops is None else save_ops), blocks)
+    ours = SACGraphPass(frozenset(DEFAULT_SAC_SAVE_OPS if save_ops is None else save_ops), blocks, outside_modules)
     if existing is None:
         merged["joint_custom_post_pass"] = ours
     else:
@@ -111,6 +119,26 @@ def _remove_eager_checkpointing(model: nn.Module) -> list[str]:
 class _GraphRoute(NamedTuple):
     save_ops: frozenset[object]
     blocks: frozenset[str] | None
+    outside_modules: frozenset[str] | None
+
+
+def _outside_modules(model: nn.Module, blocks: frozenset[str]) -> frozenset[str]:
+    """FQNs of ``model``'s modules outside every block that no module inside one could be spelled as.
+
+    A frame dynamo compiles after a graph break inside a block is rooted at that block (or at a
+    module in it), so its module paths are suffixes of inside FQNs: those are left out.
+    """
+    inside: set[str] = set()
+    outside: set[str] = set()
+    for name, _ in model.named_modules():
+        segments = name.split(".")
+        if not name:
+            continue
+        if any(".".join(segments[:i]) in blocks for i in range(1, len(segments) + 1)):
+            inside.update(".".join(segments[i:]) for i in range(len(segments)))
+        else:
+            outside.add(name)
+    return frozenset(outside - inside)
 
 
 def _prepare_graph_route(
@@ -124,15 +152,16 @@ def _prepare_graph_route(
     spec = _serving_adapter(model, adapter)
     save = frozenset(DEFAULT_SAC_SAVE_OPS | (spec.retained_ops() if spec else frozenset()) | set(save_ops))
     OpSet(save)  # reject a malformed op
-    named = None
+    named = outside = None
     if blocks is not None or spec is not None:
         plan = _plan(model, CheckpointType.FULL, 1, None if blocks is not None else spec, blocks)
         named = frozenset(fqn for fqn, _, _ in plan)
+        outside = _outside_modules(model, named)
     check_foreign_wrappers(model)
     _remove_eager_checkpointing(model)
     if spec is not None and spec.prepare is not None:
         spec.prepare(model)
-    return _GraphRoute(save, named)
+    return _GraphRoute(save, named, outside)
 
 
 def compile(
@@ -181,11 +210,11 @@ def compile(
 
     route = _prepare_graph_route(model, adapter, blocks, save_ops)
     if backend == "aot_eager":
-        return torch.compile(model, backend=sac_aot_eager(route.save_ops, route.blocks), **torch_compile_kwargs)
+        return torch.compile(model, backend=sac_aot_eager(*route), **torch_compile_kwargs)
     mode = torch_compile_kwargs.pop("mode", None)
     if mode is not None:  # torch.compile takes mode or options, not both: spell the mode as options
         from torch._inductor import list_mode_options
 
         options = {**list_mode_options(mode, torch_compile_kwargs.get("dynamic")), **(options or {})}
-    options = sac_inductor_options(route.save_ops, options, route.blocks)
+    options = sac_inductor_options(route.save_ops, options, route.blocks, route.outside_modules)
     return torch.compile(model, backend="inductor", options=options, **torch_compile_kwargs)

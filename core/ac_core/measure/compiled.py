@@ -157,7 +157,9 @@ def _inductor_recording_options(recorder: _Recorder, route: Any) -> dict[str, An
             return None  # never cached: a cache hit would skip the partitioner and record nothing
 
     options: dict[str, Any] = {"custom_partitioner_fn": _RecordingPartitioner()}
-    return options if route is None else sac_inductor_options(route.save_ops, options, route.blocks)
+    return (
+        options if route is None else sac_inductor_options(route.save_ops, options, route.blocks, route.outside_modules)
+    )
 
 
 def _measure(
@@ -186,7 +188,9 @@ def _measure(
         inner = (
             min_cut_rematerialization_partition
             if route is None
-            else functools.partial(sac_partition, save_ops=route.save_ops, blocks=route.blocks)
+            else functools.partial(
+                sac_partition, save_ops=route.save_ops, blocks=route.blocks, outside_modules=route.outside_modules
+            )
         )
         compiler = aot_autograd(
             fw_compiler=boxed_nop,
