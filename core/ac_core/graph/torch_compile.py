@@ -131,9 +131,9 @@ def _outside_modules(model: nn.Module, blocks: frozenset[str]) -> frozenset[str]
     inside: set[str] = set()
     outside: set[str] = set()
     for name, _ in model.named_modules():
-        segments = name.split(".")
         if not name:
             continue
+        segments = name.split(".")
         if any(".".join(segments[:i]) in blocks for i in range(1, len(segments) + 1)):
             inside.update(".".join(segments[i:]) for i in range(len(segments)))
         else:
