@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .ops import DEFAULT_RETAINED_OPS
 from .spec import AdapterSpec, AttentionBackend, ModelCase, ModelSpec
@@ -55,6 +56,32 @@ class ToyTransformer(nn.Module):
         x = self.embed(x)
         for layer in self.layers:
             x = layer(x)
+        return self.head(x)
+
+
+class LibraryCheckpointingToy(ToyTransformer):
+    """A ToyTransformer that checkpoints its own layers while ``gradient_checkpointing`` is on, switched by
+    diffusers-style ``enable_/disable_gradient_checkpointing()`` (duck-typed: no diffusers needed)."""
+
+    def __init__(
+        self, dim: int = 64, heads: int = 4, depth: int = 4, dropout: float = 0.0, attention: str = "sdpa"
+    ) -> None:
+        super().__init__(dim, heads, depth, dropout, attention)
+        self.gradient_checkpointing = False
+
+    def enable_gradient_checkpointing(self) -> None:
+        self.gradient_checkpointing = True
+
+    def disable_gradient_checkpointing(self) -> None:
+        self.gradient_checkpointing = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for layer in self.layers:
+            if self.gradient_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
         return self.head(x)
 
 

@@ -3,33 +3,13 @@
 from __future__ import annotations
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from ac_core import AdapterSpec, ModelCase, ModelSpec
-from ac_core.testing import ToyTransformer
+from ac_core.testing import LibraryCheckpointingToy
 
 
-class LibraryToy(ToyTransformer):
-    """A ToyTransformer with diffusers-style ``enable_gradient_checkpointing()`` (duck-typed, no diffusers)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.gradient_checkpointing = False
-
-    def enable_gradient_checkpointing(self) -> None:
-        self.gradient_checkpointing = True
-
-    def disable_gradient_checkpointing(self) -> None:
-        self.gradient_checkpointing = False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.embed(x)
-        for layer in self.layers:
-            if self.gradient_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(layer, x, use_reentrant=False)
-            else:
-                x = layer(x)
-        return self.head(x)
+class LibraryToy(LibraryCheckpointingToy):
+    """A class of its own, so that LIBRARY_TOY serves it and not TOY_ADAPTER's ToyTransformer alone."""
 
 
 def library_toy_case() -> ModelCase:

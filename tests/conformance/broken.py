@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ac_core import AdapterSpec, AttentionBackend, ExcludedContainer, ModelCase, ModelSpec
-from ac_core.testing import TOY_ADAPTER, ToyBlock, ToyTransformer, toy_case
+from ac_core.testing import TOY_ADAPTER, LibraryCheckpointingToy, ToyBlock, ToyTransformer, toy_case
 from ac_core_conformance import Subject
 
 DIM, HEADS = 32, 2
@@ -66,27 +66,11 @@ class ToyWithMlpList(ToyWithRefiner):
         super().__init__(Mlp)
 
 
-class ToyWithLibraryCheckpointing(ToyTransformer):
+class ToyWithLibraryCheckpointing(LibraryCheckpointingToy):
     """A toy with diffusers' checkpointing methods: its forward checkpoints each layer itself when enabled."""
 
     def __init__(self) -> None:
         super().__init__(DIM, HEADS, depth=3)
-        self.gradient_checkpointing = False
-
-    def enable_gradient_checkpointing(self) -> None:
-        self.gradient_checkpointing = True
-
-    def disable_gradient_checkpointing(self) -> None:
-        self.gradient_checkpointing = False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.embed(x)
-        for layer in self.layers:
-            if self.gradient_checkpointing and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
-            else:
-                x = layer(x)
-        return self.head(x)
 
 
 def _factory(cls: type[nn.Module]):

@@ -7,36 +7,18 @@ import logging
 import pytest
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.utils.checkpoint import checkpoint
 
 import ac_core
 from ac_core import ConflictingCheckpointError, apply_activation_checkpointing, checkpointed_blocks, sac_aot_eager
-from ac_core.testing import ToyTransformer, toy_case
+from ac_core.testing import LibraryCheckpointingToy, toy_case
 
 from ..core.helpers import assert_same_training, loss_and_grads, structure
-
-
-class _LibraryStyleModel(ToyTransformer):
-    """Checkpoints its own blocks while ``gradient_checkpointing`` is on, as diffusers' models do."""
-
-    def __init__(self) -> None:
-        super().__init__(depth=2)
-        self.gradient_checkpointing = False
-
-    def disable_gradient_checkpointing(self) -> None:
-        self.gradient_checkpointing = False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.embed(x)
-        for layer in self.layers:
-            x = checkpoint(layer, x, use_reentrant=False) if self.gradient_checkpointing else layer(x)
-        return self.head(x)
 
 
 def _case(checkpointing: str):
     case = toy_case(depth=2)
     if checkpointing == "library":
-        library = _LibraryStyleModel()
+        library = LibraryCheckpointingToy(depth=2)
         library.load_state_dict(case.model.state_dict())
         library.gradient_checkpointing = True
         case.model = library
