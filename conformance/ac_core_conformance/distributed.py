@@ -9,10 +9,11 @@ Worker processes are spawned, so they find the adapter again from a string: a re
 from __future__ import annotations
 
 import os
-import socket
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,8 @@ from ac_core._containers import resolve_containers
 from .probes import record_retained
 from .subjects import Subject, load_adapter
 from .training import STEP_SEED, build
+
+_RESULT = "result.pt"
 
 FSDP_TIMEOUT_S = 600.0
 """How long the spawned ranks of one check may take before they are killed and the check fails."""
@@ -58,12 +61,6 @@ class StepResult:
     loss: torch.Tensor
     grads: dict[str, torch.Tensor]
     retained_ops: frozenset[str]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _shard_blocks(model: nn.Module, adapter: AdapterSpec) -> None:
@@ -99,31 +96,76 @@ def _one_step(subject: Subject, policy: str | None, n_layer: int) -> dict[str, A
 def _worker(
     rank: int,
     world: int,
-    port: int,
+    tmp: str,
     adapter_ref: str,
     model_cls: str | int,
     policies: Sequence[str | None],
     n_layer: int,
-    out: str,
 ) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        subject = subject_for(adapter_ref, model_cls)
-        results = [_one_step(subject, policy, n_layer) for policy in policies]
-        if rank == 0:
-            torch.save(results, out)
-        # No rank tears gloo down while another is still in a collective: that aborted a rank
-        # ("terminate called without an active exception") on a loaded 2-core machine.
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    # A file rendezvous in this check's own folder: a TCP port picked ahead of time can be taken by
+    # another check running in parallel (pytest-xdist), and a rank that joins the wrong group crashes.
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world)
+    subject = subject_for(adapter_ref, model_cls)
+    results = [_one_step(subject, policy, n_layer) for policy in policies]
+    if rank == 0:
+        torch.save(results, os.path.join(tmp, _RESULT))
+    # No rank tears gloo down while another is still in a collective.
+    dist.barrier()
+    _mark_done(tmp, rank)
+    dist.destroy_process_group()
+    # Skip interpreter teardown: gloo's native threads can abort a finished process there
+    # ("terminate called without an active exception", seen on a loaded 2-core CI machine), and
+    # nothing is left to clean up (pytorch/pytorch#179291 describes the same teardown crash).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
-def _run_ranks(args: tuple, world: int, timeout: float) -> None:
-    context = mp.start_processes(_worker, args=args, nprocs=world, start_method="spawn", join=False)
+def _mark_done(tmp: str, rank: int) -> None:
+    open(os.path.join(tmp, f"rank{rank}.done"), "w").close()
+
+
+def _run_ranks(worker: Callable[..., None], args: tuple, world: int, timeout: float) -> list[dict[str, Any]]:
+    """Spawn ``world`` ranks of ``worker(rank, world, tmp, *args)`` and return what rank 0 saved in ``tmp``.
+
+    A worker saves its results with ``torch.save`` under ``tmp/result.pt`` (rank 0) and calls
+    :func:`_mark_done` once every rank is past its last collective.
+
+    A rank that a signal kills before the final barrier (a native crash: no Python exception, no
+    wrong number) costs one more run, with a warning; a second crash fails the check. A rank that
+    raises fails it at once.
+    """
+    first = _attempt(worker, args, world, timeout)
+    if not isinstance(first, mp.ProcessExitedException):
+        return first
+    warnings.warn(f"an FSDP2 rank crashed ({first}); running the ranks once more", RuntimeWarning, stacklevel=2)
+    second = _attempt(worker, args, world, timeout)
+    if isinstance(second, mp.ProcessExitedException):
+        raise RuntimeError(
+            f"FSDP2 ranks crashed twice in a row ({first}; then {second}): a crash in torch.distributed or a "
+            "native kernel, not an assertion of this check"
+        ) from second
+    return second
+
+
+def _attempt(
+    worker: Callable[..., None], args: tuple, world: int, timeout: float
+) -> list[dict[str, Any]] | mp.ProcessExitedException:
+    with tempfile.TemporaryDirectory() as tmp:
+        context = mp.start_processes(worker, args=(world, tmp, *args), nprocs=world, start_method="spawn", join=False)
+        try:
+            _join(context, timeout)
+        except mp.ProcessExitedException as exc:
+            done = [os.path.exists(os.path.join(tmp, f"rank{r}.done")) for r in range(world)]
+            if not all(done):
+                return exc
+            # Every rank passed the final barrier: a crash after it cannot change the results.
+        return torch.load(os.path.join(tmp, _RESULT))
+
+
+def _join(context: mp.ProcessContext, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not context.join(timeout=max(0.0, min(5.0, deadline - time.monotonic()))):
         if time.monotonic() >= deadline:
@@ -145,10 +187,7 @@ def fsdp_steps(
 
     Every block of the declared containers and the root are ``fully_shard``-ed after the policy is applied.
     """
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.pt")
-        _run_ranks((world, _free_port(), adapter_ref, model_cls, list(policies), n_layer, out), world, timeout)
-        data: list[dict[str, Any]] = torch.load(out)
+    data = _run_ranks(_worker, (adapter_ref, model_cls, list(policies), n_layer), world, timeout)
     return {
         policy: StepResult(d["loss"], d["grads"], frozenset(d["retained"]))
         for policy, d in zip(policies, data, strict=True)
