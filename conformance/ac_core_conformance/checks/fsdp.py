@@ -33,7 +33,8 @@ def check_fsdp(
 
     All policies run in one pair of spawned ranks (a spawn costs seconds of imports). Under ``ops``
     the retained ops are the adapter's or PyTorch's attention kernels, never a collective such as
-    an FSDP all-gather. Returns the op names retained per policy.
+    an FSDP all-gather. Returns the op names retained per policy. A rank that a signal kills before
+    the ranks finish (a native crash, not an assertion) is run once more, with a ``RuntimeWarning``.
     """
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed is not built into this torch")
