@@ -54,7 +54,7 @@ def test_one_crash_before_the_end_runs_the_ranks_again(tmp_path):
 
 
 def test_two_crashes_fail(tmp_path):
-    with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="crashed twice in a row.*SIGABRT"):
+    with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match=r"crashed twice in a row.*SIGABRT"):
         _run_ranks(_worker, ("always", str(tmp_path)), WORLD, TIMEOUT)
     assert _runs(tmp_path) == 2
 
