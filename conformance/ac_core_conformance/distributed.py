@@ -123,8 +123,12 @@ def _worker(
     os._exit(0)
 
 
+def _done_marker(tmp: str, rank: int) -> str:
+    return os.path.join(tmp, f"rank{rank}.done")
+
+
 def _mark_done(tmp: str, rank: int) -> None:
-    open(os.path.join(tmp, f"rank{rank}.done"), "w").close()
+    open(_done_marker(tmp, rank), "w").close()
 
 
 def _run_ranks(worker: Callable[..., None], args: tuple, world: int, timeout: float) -> list[dict[str, Any]]:
@@ -158,8 +162,7 @@ def _attempt(
         try:
             _join(context, timeout)
         except mp.ProcessExitedException as exc:
-            done = [os.path.exists(os.path.join(tmp, f"rank{r}.done")) for r in range(world)]
-            if not all(done):
+            if not all(os.path.exists(_done_marker(tmp, r)) for r in range(world)):
                 return exc
             # Every rank passed the final barrier: a crash after it cannot change the results.
         return torch.load(os.path.join(tmp, _RESULT))

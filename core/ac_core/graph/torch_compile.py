@@ -210,7 +210,9 @@ def compile(
 
     route = _prepare_graph_route(model, adapter, blocks, save_ops)
     if backend == "aot_eager":
-        return torch.compile(model, backend=sac_aot_eager(*route), **torch_compile_kwargs)
+        return torch.compile(
+            model, backend=sac_aot_eager(route.save_ops, route.blocks, route.outside_modules), **torch_compile_kwargs
+        )
     mode = torch_compile_kwargs.pop("mode", None)
     if mode is not None:  # torch.compile takes mode or options, not both: spell the mode as options
         from torch._inductor import list_mode_options

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from ac_core_conformance.distributed import _RESULT, _mark_done, _run_ranks
+from ac_core_conformance.distributed import _RESULT, _done_marker, _mark_done, _run_ranks
 
 WORLD = 2
 TIMEOUT = 120.0
@@ -27,7 +27,7 @@ def _worker(rank: int, world: int, tmp: str, mode: str, state: str) -> None:
     run = len(runs.read_text()) if runs.exists() else 0
     runs.write_text("x" * (run + 1))
     # Rank 0 finishes first, so a crash of rank 1 is never mistaken for a slow rank 0.
-    while not Path(tmp, "rank0.done").exists():
+    while not os.path.exists(_done_marker(tmp, 0)):
         time.sleep(0.01)
     if mode == "raise":
         raise ValueError("a wrong number")
