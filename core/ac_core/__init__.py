@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-from .blocks import model_blocks
 from .checkpointing import (
     apply_activation_checkpointing,
     checkpointed_blocks,
@@ -13,7 +12,16 @@ from .checkpointing import (
     remove_activation_checkpointing,
 )
 from .errors import AdapterError, ConflictingCheckpointError, UnsupportedVersionError
-from .graph import DEFAULT_SAC_SAVE_OPS, apply_sac_pass, compile, sac_aot_eager, sac_inductor_options, sac_partition
+from .graph import (
+    DEFAULT_SAC_SAVE_OPS,
+    GraphRoute,
+    apply_sac_pass,
+    compile,
+    prepare_graph_route,
+    sac_aot_eager,
+    sac_inductor_options,
+    sac_partition,
+)
 from .offload import (
     Kept,
     OffloadConfig,
@@ -28,8 +36,20 @@ from .offload import (
     remove_activation_offload,
     use_offload_transport,
 )
-from .ops import DEFAULT_RETAINED_OPS
+from .ops import DEFAULT_RETAINED_OPS, RetainedOutput, RetentionLog, observe_retention, op_matches
+from .plan import Block, BlockPlan, Container, ExcludedModules, model_blocks, modules_at, resolve_blocks
+from .policies import (
+    BlockSelection,
+    BlockSkip,
+    Full,
+    Ops,
+    PolicyConfig,
+    policy_config,
+    register_policy,
+    registered_policies,
+)
 from .policy import CheckpointType, resolve_checkpointing_type
+from .refs import load_ref
 from .registry import (
     ENTRY_POINT_GROUP,
     get_adapter,
@@ -38,6 +58,7 @@ from .registry import (
     unregister_adapter,
 )
 from .spec import AdapterSpec, AttentionBackend, ExcludedContainer, ModelCase, ModelSpec
+from .warnings import reset_warnings
 
 __version__ = "0.1.0"
 
@@ -48,9 +69,17 @@ __all__ = [
     "AdapterError",
     "AdapterSpec",
     "AttentionBackend",
+    "Block",
+    "BlockPlan",
+    "BlockSelection",
+    "BlockSkip",
     "CheckpointType",
     "ConflictingCheckpointError",
+    "Container",
     "ExcludedContainer",
+    "ExcludedModules",
+    "Full",
+    "GraphRoute",
     "Kept",
     "ModelCase",
     "ModelSpec",
@@ -58,6 +87,10 @@ __all__ = [
     "OffloadSession",
     "OffloadStats",
     "OffloadTransport",
+    "Ops",
+    "PolicyConfig",
+    "RetainedOutput",
+    "RetentionLog",
     "UnsupportedVersionError",
     "activation_offload_context",
     "apply_activation_checkpointing",
@@ -68,13 +101,23 @@ __all__ = [
     "get_adapter",
     "is_activation_checkpointed",
     "last_offload_stats",
+    "load_ref",
     "model_blocks",
+    "modules_at",
     "no_offload",
+    "observe_retention",
     "offload_activations",
+    "op_matches",
+    "policy_config",
+    "prepare_graph_route",
     "register_adapter",
+    "register_policy",
     "registered_adapters",
+    "registered_policies",
     "remove_activation_checkpointing",
     "remove_activation_offload",
+    "reset_warnings",
+    "resolve_blocks",
     "resolve_checkpointing_type",
     "sac_aot_eager",
     "sac_inductor_options",

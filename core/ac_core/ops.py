@@ -1,16 +1,20 @@
-"""Which dispatcher ops ``ops`` retains, and the selective-checkpoint policy that retains them."""
+"""Which dispatcher ops ``ops`` retains, the selective-checkpoint policy that retains them, and what it retained."""
 
 from __future__ import annotations
 
 import functools
-import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
 
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from .spec import is_collective
-
-logger = logging.getLogger("ac_core")
+from .warnings import warn_once
 
 # PyTorch's fused SDPA kernels. The CPU kernel is listed too: without it 'ops' recomputes
 # attention on every CPU run. The math fallback decomposes into bmm/softmax before any
@@ -31,24 +35,108 @@ DEFAULT_RETAINED_OPS: frozenset[str] = frozenset(
 # backward, outside any checkpointed region, so retaining it would buy nothing either.
 
 
-def retained_op_names(*sources: Iterable[str]) -> frozenset[str]:
-    """The union of op names to retain, with collectives rejected."""
-    names = frozenset(name for source in sources for name in source)
-    collectives = sorted(n for n in names if is_collective(n))
+def op_matches(op_name: str, names: Iterable[str]) -> bool:
+    """Whether dispatcher op ``op_name`` (``"aten::mul.Tensor"``) is one of ``names``.
+
+    A name with an overload matches that overload; a name without one (``"aten::mm"``) matches every
+    overload. This is the one matching rule of ac-core, in eager policies, graph passes and measurements.
+    """
+    wanted = names if isinstance(names, (set, frozenset)) else set(names)
+    return op_name in wanted or op_name.partition(".")[0] in wanted
+
+
+def check_op_names(names: object, where: str) -> frozenset[str]:
+    """``names`` as a frozenset of op names, or a TypeError/ValueError naming ``where`` and the fix."""
+    if isinstance(names, (str, bytes)):
+        raise TypeError(f"{where} takes a collection of op names, e.g. {{{names!r}}}, not a single string")
+    if not isinstance(names, Iterable):
+        raise TypeError(f"{where} takes a collection of op names such as {{'aten::mm'}}, got {names!r}")
+    result = frozenset(names)
+    for name in result:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{where}: op names are non-empty strings such as 'aten::mm', got {name!r}")
+    collectives = sorted(n for n in result if is_collective(n))
     if collectives:
         raise ValueError(
-            f"collectives cannot be retained by 'ops': {collectives}. Retaining an FSDP all-gather keeps every "
-            "block's unsharded weights alive until backward; drop them from retain_ops."
+            f"{where}: collectives cannot be retained: {collectives}. Retaining an FSDP all-gather keeps every "
+            "block's unsharded weights alive until backward; drop them."
         )
-    return names
+    return result
 
 
-def _is_attention_like(name: str) -> bool:
-    lowered = name.lower()
+def is_attention_like(op_name: str) -> bool:
+    """An op name that looks like attention: a fused kernel, a custom attention op, or softmax."""
+    lowered = op_name.lower()
     return "attention" in lowered or "attn" in lowered or "softmax" in lowered
 
 
-class RetentionRecord:
+@dataclass(frozen=True)
+class RetainedOutput:
+    """One op output an ``ops`` policy kept for backward: in which block, which op, where and how big.
+
+    ``storage`` is a weak reference to its storage (None while torch.compile traces fake tensors).
+    """
+
+    block: str
+    op: str
+    device: torch.device
+    nbytes: int
+    storage: StorageWeakRef | None = field(compare=False)
+
+    @property
+    def alive(self) -> bool:
+        return self.storage is not None and not self.storage.expired()
+
+
+@dataclass
+class RetentionLog:
+    """Every output ``ops`` retained while :func:`observe_retention` was active, in order."""
+
+    outputs: list[RetainedOutput] = field(default_factory=list)
+
+    @property
+    def op_names(self) -> frozenset[str]:
+        return frozenset(out.op for out in self.outputs)
+
+    def by_block(self) -> dict[str, list[RetainedOutput]]:
+        """Block path -> what it retained."""
+        result: dict[str, list[RetainedOutput]] = {}
+        for out in self.outputs:
+            result.setdefault(out.block, []).append(out)
+        return result
+
+
+_observers: list[RetentionLog] = []
+
+
+@contextmanager
+def observe_retention() -> Iterator[RetentionLog]:
+    """Record what every ``ops`` block retains while active: block path, op name, device, bytes, storage.
+
+    Sees eager forwards and torch.compile's tracing (fake tensors: no storage). Nests.
+    """
+    log = RetentionLog()
+    _observers.append(log)
+    try:
+        yield log
+    finally:
+        _observers.remove(log)
+
+
+def _notify(block: str, func: Any, ctx: Any) -> None:
+    outputs = [t for t in tree_leaves(getattr(ctx, "op_output", None)) if isinstance(t, torch.Tensor)]
+    records = []
+    for tensor in outputs:
+        real = type(tensor) in (torch.Tensor, torch.nn.Parameter)
+        storage = StorageWeakRef(tensor.untyped_storage()) if real else None
+        records.append(RetainedOutput(block, func.name(), tensor.device, tensor.nbytes, storage))
+    if not records:
+        records.append(RetainedOutput(block, func.name(), torch.device("meta"), 0, None))
+    for log in _observers:
+        log.outputs.extend(records)
+
+
+class BlockRetention:
     """What one checkpointed call's forward retained, and the attention-like ops it saw but did not retain."""
 
     __slots__ = ("retained", "seen_attention")
@@ -58,49 +146,42 @@ class RetentionRecord:
         self.seen_attention: set[str] = set()
 
 
-def _policy(retained: frozenset[str], record: RetentionRecord | None, ctx, func, *args, **kwargs) -> CheckpointPolicy:
+def _policy(
+    retained: frozenset[str], block: str, record: BlockRetention | None, ctx: Any, func: Any, *args: Any, **kwargs: Any
+) -> CheckpointPolicy:
     name = func.name()  # "aten::mul.Tensor"; a default overload has no suffix
-    if name in retained or name.partition(".")[0] in retained:
+    if op_matches(name, retained):
         if record is not None:
             record.retained.add(name)
+        if _observers:
+            _notify(block, func, ctx)
         return CheckpointPolicy.MUST_SAVE
-    if record is not None and _is_attention_like(name):
+    if record is not None and is_attention_like(name):
         record.seen_attention.add(name)
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def selective_context(retained: frozenset[str], record: RetentionRecord | None = None):
+def selective_context(retained: frozenset[str], block: str = "", record: BlockRetention | None = None) -> Any:
     """``context_fn`` for torch.utils.checkpoint: retain ``retained`` op outputs, recompute the rest.
 
     Bound with functools.partial (not a closure) because torch.compile accepts only a plain
     function or a partial of constants as ``context_fn``.
     """
-    return create_selective_checkpoint_contexts(functools.partial(_policy, retained, record))
+    return create_selective_checkpoint_contexts(functools.partial(_policy, retained, block, record))
 
 
-_warned_nothing_retained = False
-
-
-def warn_nothing_retained(block: str, record: RetentionRecord) -> None:
+def warn_nothing_retained(block: str, record: BlockRetention) -> None:
     """Log, once per process, that an ``ops`` block retained nothing and so recomputes in full."""
-    global _warned_nothing_retained
-    if _warned_nothing_retained:
-        return
-    _warned_nothing_retained = True
     seen = (
         f"it ran attention through {sorted(record.seen_attention)}, which is not retained"
         if record.seen_attention
         else "it ran no op that looks like attention (a math or Python-level attention decomposes into small ops)"
     )
-    logger.warning(
+    warn_once(
+        "ops-retained-nothing",
         "ac-core: 'ops' retained nothing in checkpointed block %s, so it recomputes in full, as under 'full': %s. "
         "Switch the model to an attention backend its adapter declares retainable, or name the kernel with "
-        "apply_activation_checkpointing(..., retain_ops={'namespace::op'}).",
+        "apply_activation_checkpointing(model, ac_core.Ops(retain={'namespace::op'})).",
         block,
         seen,
     )
-
-
-def _reset_warnings() -> None:
-    global _warned_nothing_retained
-    _warned_nothing_retained = False

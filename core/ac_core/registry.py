@@ -8,6 +8,7 @@ from importlib.metadata import entry_points
 from torch import nn
 
 from .errors import AdapterError
+from .refs import is_ref, load_ref
 from .spec import AdapterSpec
 
 ENTRY_POINT_GROUP = "ac_core.adapters"
@@ -15,6 +16,7 @@ ENTRY_POINT_GROUP = "ac_core.adapters"
 logger = logging.getLogger("ac_core")
 
 _registry: dict[str, AdapterSpec] = {}
+_failed: dict[str, str] = {}  # entry point name -> why it did not load, said again when it is asked for
 _entry_points_loaded = False
 
 
@@ -32,9 +34,11 @@ def _load_entry_points() -> None:
                 spec = spec()
         except Exception as exc:
             # One broken third-party adapter must not take the others down with it.
+            _failed[ep.name] = f"its entry point {ep.value!r} failed to load: {type(exc).__name__}: {exc}"
             logger.warning("ac-core: adapter entry point %r (%s) failed to load: %s", ep.name, ep.value, exc)
             continue
         if not isinstance(spec, AdapterSpec):
+            _failed[ep.name] = f"its entry point {ep.value!r} gave a {type(spec).__name__}, not an AdapterSpec"
             logger.warning(
                 "ac-core: adapter entry point %r (%s) gave %s, not an AdapterSpec; skipped",
                 ep.name,
@@ -75,18 +79,38 @@ def registered_adapters() -> dict[str, AdapterSpec]:
     return dict(_registry)
 
 
+def _load(ref: str) -> AdapterSpec:
+    spec = load_ref(ref, what="adapter")
+    if callable(spec) and not isinstance(spec, AdapterSpec):
+        spec = spec()
+    if not isinstance(spec, AdapterSpec):
+        raise AdapterError(f"adapter {ref!r} is a {type(spec).__name__}, not an AdapterSpec")
+    return spec
+
+
 def get_adapter(model_or_name: nn.Module | type | str | AdapterSpec) -> AdapterSpec:
-    """The adapter for a model (instance or class), an adapter name, or a spec (returned as is)."""
+    """The adapter for a model (instance or class), a registered name, ``"module:attr"``, or a spec (as is)."""
     if isinstance(model_or_name, AdapterSpec):
         return model_or_name
-    adapters = registered_adapters()
     if isinstance(model_or_name, str):
+        if is_ref(model_or_name):
+            return _load(model_or_name)
+        adapters = registered_adapters()
         if model_or_name in adapters:
             return adapters[model_or_name]
+        failed = _failed.get(model_or_name)
+        if failed is not None:
+            raise AdapterError(f"adapter {model_or_name!r} is installed but {failed}")
         raise AdapterError(
             f"no adapter named {model_or_name!r}; registered adapters: {sorted(adapters) or 'none'}"
-            " (ours install with pip install 'ac-core[all]')"
+            " (ours install with pip install 'ac-core[all]'; another is named as 'module:attr')"
         )
+    if not isinstance(model_or_name, (nn.Module, type)):
+        raise TypeError(
+            f"adapter takes a registered adapter name (e.g. 'flux'), 'module:attr' of an AdapterSpec, or an "
+            f"AdapterSpec; got {model_or_name!r} of type {type(model_or_name).__name__}"
+        )
+    adapters = registered_adapters()
     cls = model_or_name if isinstance(model_or_name, type) else type(model_or_name)
     matches = [spec for spec in adapters.values() if spec.serves(cls)]
     if len(matches) > 1:

@@ -34,22 +34,22 @@ class SACGraphPass(CustomGraphPass):
 
     def __init__(
         self,
-        save_ops: frozenset[object],
+        retain: frozenset[object],
         blocks: frozenset[str] | None = None,
         outside_modules: frozenset[str] | None = None,
     ) -> None:
-        self.save_ops = save_ops
+        self.retain = retain
         self.blocks = blocks
         self.outside_modules = outside_modules
 
     def __call__(self, graph: fx.Graph) -> None:
-        apply_sac_pass(graph.owning_module, self.save_ops, blocks=self.blocks, outside_modules=self.outside_modules)
+        apply_sac_pass(graph.owning_module, self.retain, blocks=self.blocks, outside_modules=self.outside_modules)
 
     def uuid(self) -> str:
         digest = hashlib.sha256()
         for source in _SOURCES:
             digest.update(source.read_bytes())
-        digest.update("\n".join(sorted(_describe(op) for op in self.save_ops)).encode())
+        digest.update("\n".join(sorted(_describe(op) for op in self.retain)).encode())
         for names in (self.blocks, self.outside_modules):
             digest.update(repr(None if names is None else sorted(names)).encode())
         return digest.hexdigest()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from torch import fx
 
+from .._deprecated import UNSET, renamed
 from .alternate_matmuls import alternate_matmuls
 from .save_block_outputs import save_block_outputs
 from .save_ops import DEFAULT_SAC_SAVE_OPS, OpSet
@@ -19,16 +21,17 @@ logger = logging.getLogger("ac_core")
 
 def apply_sac_pass(
     gm: fx.GraphModule,
-    op_list_to_save: Iterable[object] | None = None,
+    retain: Iterable[object] | None = None,
     *,
     blocks: Iterable[str] | None = None,
     outside_modules: Iterable[str] | None = None,
+    op_list_to_save: Any = UNSET,
 ) -> fx.GraphModule:
     """Tag the joint graph ``gm`` for the min-cut partitioner and return it.
 
     Every ``call_function`` node of the forward part except ``operator.getitem`` gets
     ``meta["ac_graph_id"] = 0`` and ``meta["recompute"]``: ``MUST_SAVE`` for ops in
-    ``op_list_to_save`` (default :data:`DEFAULT_SAC_SAVE_OPS`; names such as ``"aten::mm"`` or op
+    ``retain`` (default :data:`DEFAULT_SAC_SAVE_OPS`; names such as ``"aten::mm"`` or op
     objects such as ``torch.ops.aten.mm.default``), ``PREFER_RECOMPUTE`` for the rest. Then:
     mm/addmm alternate (1st, 3rd, 5th ... saved); where the graph has blocks, values that cross a
     block boundary and ops outside every block are saved, as eager per-block checkpointing would;
@@ -38,9 +41,11 @@ def apply_sac_pass(
     ``outside_modules`` (FQNs of modules outside the blocks, see ``save_outside_blocks``) mark a
     graph that a graph break cut off before or after the blocks as outside them.
     ``torch._functorch.partitioners.min_cut_rematerialization_partition`` reads the tags;
-    :func:`ac_core.compile` runs this pass inside ``torch.compile``.
+    :func:`ac_core.compile` runs this pass inside ``torch.compile``. ``op_list_to_save=`` (torchtitan's
+    name) is the old name of ``retain=``.
     """
-    save = OpSet(DEFAULT_SAC_SAVE_OPS if op_list_to_save is None else op_list_to_save)
+    retain = renamed("apply_sac_pass", "op_list_to_save", "retain", op_list_to_save, retain, None)
+    save = OpSet(DEFAULT_SAC_SAVE_OPS if retain is None else retain)
     if isinstance(blocks, str):
         raise TypeError(f"blocks takes a collection of block FQNs, e.g. [{blocks!r}]")
     named = None if blocks is None else frozenset(blocks)

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ..ops import DEFAULT_RETAINED_OPS
+from ..ops import DEFAULT_RETAINED_OPS, op_matches
 
 # Names, not op objects: an op a library registers late (varlen attention, a backend's custom
 # kernel) can be listed before it exists, and importing ac_core resolves nothing. A name without
@@ -75,4 +75,4 @@ class OpSet:
         if getattr(target, "overloadpacket", None) in self.packets:
             return True
         name = op_name(target)
-        return name is not None and (name in self.names or name.partition(".")[0] in self.names)
+        return name is not None and op_matches(name, self.names)

@@ -5,13 +5,18 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 from torch import fx, nn
 
-from .._conflicts import check_foreign_wrappers, disable_library_checkpointing, library_checkpointing
-from ..checkpointing import _plan, apply_activation_checkpointing, checkpointed_blocks, remove_activation_checkpointing
-from ..policy import CheckpointType, coerce_checkpoint_type
+from .._conflicts import check_foreign_wrappers
+from .._deprecated import UNSET, renamed
+from ..checkpointing import apply_activation_checkpointing, checkpointed_blocks, remove_activation_checkpointing
+from ..library_checkpointing import disable_library_checkpointing
+from ..plan import resolve_blocks
+from ..policies import Ops, PolicyConfig, policy_config
+from ..policy import CheckpointType
 from ..registry import get_adapter, registered_adapters
 from ..spec import AdapterSpec
 from .sac import apply_sac_pass
@@ -21,65 +26,109 @@ logger = logging.getLogger("ac_core")
 
 GRAPH_BACKENDS = ("inductor", "aot_eager")
 
+PartitionFn = Callable[..., tuple[fx.GraphModule, fx.GraphModule]]
+
 
 def sac_partition(
     gm: fx.GraphModule,
     joint_inputs: Sequence[object],
     *,
-    save_ops: frozenset[object] | None = None,
+    retain: frozenset[object] | None = None,
     blocks: frozenset[str] | None = None,
     outside_modules: frozenset[str] | None = None,
-    partition: Callable[..., tuple[fx.GraphModule, fx.GraphModule]] | None = None,
+    partition: PartitionFn | None = None,
+    save_ops: Any = UNSET,
     **kwargs: Any,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """A ``partition_fn`` for ``aot_autograd``: :func:`apply_sac_pass`, then ``partition`` (min-cut by default)."""
+    retain = renamed("sac_partition", "save_ops", "retain", save_ops, retain, None)
     if partition is None:
         from torch._functorch.partitioners import min_cut_rematerialization_partition as partition
-    apply_sac_pass(gm, save_ops, blocks=blocks, outside_modules=outside_modules)
+    apply_sac_pass(gm, retain, blocks=blocks, outside_modules=outside_modules)
     return partition(gm, joint_inputs, **kwargs)
 
 
-def sac_aot_eager(
-    save_ops: frozenset[object] | None = None,
-    blocks: frozenset[str] | None = None,
-    outside_modules: frozenset[str] | None = None,
-) -> Callable[..., Any]:
-    """The ``aot_eager`` backend with :func:`apply_sac_pass` run on each joint graph before partitioning."""
+def aot_eager_backend(partition_fn: PartitionFn) -> Callable[..., Any]:
+    """The ``aot_eager`` backend (no code generation) partitioning each joint graph with ``partition_fn``."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._dynamo.backends.debugging import boxed_nop
 
     return aot_autograd(
-        fw_compiler=boxed_nop,
-        bw_compiler=boxed_nop,
-        partition_fn=functools.partial(
-            sac_partition, save_ops=save_ops, blocks=blocks, outside_modules=outside_modules
-        ),
-        keep_inference_input_mutations=True,
+        fw_compiler=boxed_nop, bw_compiler=boxed_nop, partition_fn=partition_fn, keep_inference_input_mutations=True
     )
 
 
+@dataclass(frozen=True)
+class GraphRoute:
+    """What the graph pass needs for one model: the ops whose outputs it keeps, the blocks' FQNs, and the
+    modules outside them (None where the pass is to find blocks in the graph itself).
+
+    :func:`prepare_graph_route` makes one from a model; :func:`ac_core.compile` and the measurements
+    build their backends from it.
+    """
+
+    retain: frozenset[object] = DEFAULT_SAC_SAVE_OPS
+    blocks: frozenset[str] | None = None
+    outside_modules: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        OpSet(self.retain)  # reject a malformed op
+
+    def partition_fn(self) -> PartitionFn:
+        """:func:`sac_partition` bound to this route."""
+        return functools.partial(
+            sac_partition, retain=self.retain, blocks=self.blocks, outside_modules=self.outside_modules
+        )
+
+    def aot_eager(self) -> Callable[..., Any]:
+        """The ``aot_eager`` backend with the pass run on each joint graph before partitioning."""
+        return aot_eager_backend(self.partition_fn())
+
+    def inductor_options(self, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``options`` for ``torch.compile(backend="inductor")`` that run the pass on each joint graph.
+
+        The pass is added to any ``joint_custom_post_pass`` already in ``options``. Being an option, it
+        applies to that compile only and is part of inductor's and AOTAutograd's cache keys.
+        """
+        from ._inductor import SACGraphPass
+
+        merged = dict(options or {})
+        existing = merged.get("joint_custom_post_pass")
+        ours = SACGraphPass(self.retain, self.blocks, self.outside_modules)
+        if existing is None:
+            merged["joint_custom_post_pass"] = ours
+        else:
+            earlier = list(existing) if isinstance(existing, (list, tuple)) else [existing]
+            merged["joint_custom_post_pass"] = [*earlier, ours]
+        return merged
+
+
+def sac_aot_eager(
+    retain: frozenset[object] | None = None,
+    blocks: frozenset[str] | None = None,
+    outside_modules: frozenset[str] | None = None,
+    *,
+    save_ops: Any = UNSET,
+) -> Callable[..., Any]:
+    """The ``aot_eager`` backend with :func:`apply_sac_pass` run on each joint graph before partitioning."""
+    retain = renamed("sac_aot_eager", "save_ops", "retain", save_ops, retain, None)
+    return GraphRoute(
+        DEFAULT_SAC_SAVE_OPS if retain is None else frozenset(retain), blocks, outside_modules
+    ).aot_eager()
+
+
 def sac_inductor_options(
-    save_ops: frozenset[object] | None = None,
+    retain: frozenset[object] | None = None,
     options: dict | None = None,
     blocks: frozenset[str] | None = None,
     outside_modules: frozenset[str] | None = None,
+    *,
+    save_ops: Any = UNSET,
 ) -> dict[str, Any]:
-    """``options`` for ``torch.compile(backend="inductor")`` that run :func:`apply_sac_pass` on each joint graph.
-
-    The pass is added to any ``joint_custom_post_pass`` already in ``options``. Being an option, it
-    applies to that compile only and is part of inductor's and AOTAutograd's cache keys.
-    """
-    from ._inductor import SACGraphPass
-
-    merged = dict(options or {})
-    existing = merged.get("joint_custom_post_pass")
-    ours = SACGraphPass(frozenset(DEFAULT_SAC_SAVE_OPS if save_ops is None else save_ops), blocks, outside_modules)
-    if existing is None:
-        merged["joint_custom_post_pass"] = ours
-    else:
-        earlier = list(existing) if isinstance(existing, (list, tuple)) else [existing]
-        merged["joint_custom_post_pass"] = [*earlier, ours]
-    return merged
+    """``options`` for ``torch.compile(backend="inductor")`` that run :func:`apply_sac_pass` on each joint graph."""
+    retain = renamed("sac_inductor_options", "save_ops", "retain", save_ops, retain, None)
+    route = GraphRoute(DEFAULT_SAC_SAVE_OPS if retain is None else frozenset(retain), blocks, outside_modules)
+    return route.inductor_options(options)
 
 
 def _serving_adapter(model: nn.Module, adapter: AdapterSpec | str | None) -> AdapterSpec | None:
@@ -103,9 +152,8 @@ def _remove_eager_checkpointing(model: nn.Module) -> list[str]:
     if blocks:
         remove_activation_checkpointing(model)
         removed.append(f"ac-core checkpointing on {len(blocks)} blocks")
-    library = library_checkpointing(model)
+    library = disable_library_checkpointing(model, level=None)
     if library:
-        disable_library_checkpointing(model, level=logging.INFO)
         removed.append(f"the model's own gradient checkpointing on {len(library)} modules")
     if removed:
         logger.info(
@@ -114,12 +162,6 @@ def _remove_eager_checkpointing(model: nn.Module) -> list[str]:
             "; ".join(removed),
         )
     return removed
-
-
-class _GraphRoute(NamedTuple):
-    save_ops: frozenset[object]
-    blocks: frozenset[str] | None
-    outside_modules: frozenset[str] | None
 
 
 def _outside_modules(model: nn.Module, blocks: frozenset[str]) -> frozenset[str]:
@@ -141,61 +183,67 @@ def _outside_modules(model: nn.Module, blocks: frozenset[str]) -> frozenset[str]
     return frozenset(outside - inside)
 
 
-def _prepare_graph_route(
-    model: nn.Module, adapter: AdapterSpec | str | None, blocks: Sequence[str] | None, save_ops: Iterable[object]
-) -> _GraphRoute:
-    """Ready ``model`` for the graph pass: the ops it saves and its blocks' FQNs; raises before changing anything.
+def prepare_graph_route(
+    model: nn.Module,
+    adapter: AdapterSpec | str | None = None,
+    blocks: Sequence[str] | None = None,
+    retain: Iterable[object] = (),
+) -> GraphRoute:
+    """Ready ``model`` for the graph pass and return its :class:`GraphRoute`; raises before changing anything.
 
-    Blocks come from ``blocks=`` or the serving adapter's containers, checked as eager checkpointing
-    checks them; with neither, the pass finds them in the graph.
+    Blocks come from ``blocks=`` or the serving adapter's containers, resolved as eager checkpointing
+    resolves them (:func:`ac_core.resolve_blocks`); with neither, the pass finds them in the graph. The
+    kept ops are :data:`DEFAULT_SAC_SAVE_OPS`, the adapter's attention ops and ``retain``. Eager
+    checkpointing already on the model (ac-core's, or the library's own) is removed, and logged.
     """
     spec = _serving_adapter(model, adapter)
-    save = frozenset(DEFAULT_SAC_SAVE_OPS | (spec.retained_ops() if spec else frozenset()) | set(save_ops))
-    OpSet(save)  # reject a malformed op
     named = outside = None
     if blocks is not None or spec is not None:
-        plan = _plan(model, CheckpointType.FULL, 1, None if blocks is not None else spec, blocks)
-        named = frozenset(fqn for fqn, _, _ in plan)
+        named = resolve_blocks(model, spec if blocks is None else adapter, blocks).paths
         outside = _outside_modules(model, named)
+    kept = spec.retained_ops() if spec is not None else frozenset()
+    route = GraphRoute(frozenset(DEFAULT_SAC_SAVE_OPS | kept | set(retain)), named, outside)
     check_foreign_wrappers(model)
     _remove_eager_checkpointing(model)
     if spec is not None and spec.prepare is not None:
         spec.prepare(model)
-    return _GraphRoute(save, named, outside)
+    return route
 
 
 def compile(
     model: nn.Module,
-    checkpointing_type: str | CheckpointType = CheckpointType.OPS,
-    n_layer: int = 1,
+    checkpointing_type: str | CheckpointType | PolicyConfig = CheckpointType.OPS,
+    n_layer: int | None = None,
     *,
     adapter: AdapterSpec | str | None = None,
     blocks: Sequence[str] | None = None,
-    save_ops: Iterable[object] = (),
+    retain: Iterable[object] = (),
     backend: str = "inductor",
     options: dict[str, Any] | None = None,
+    save_ops: Any = UNSET,
     **torch_compile_kwargs: Any,
 ) -> nn.Module:
     """``torch.compile(model)`` with activation checkpointing by policy; returns the compiled model.
 
-    ``ops`` (the default) checkpoints selectively on the joint forward+backward graph:
+    ``ops`` / ``Ops()`` (the default) checkpoints selectively on the joint forward+backward graph:
     :func:`apply_sac_pass` tags it, and the min-cut partitioner keeps the outputs of
-    :data:`DEFAULT_SAC_SAVE_OPS`, of the adapter's attention ops and of ``save_ops``, every other
-    matmul, each block's output and whatever runs outside the blocks, and recomputes the rest of
-    each block in backward. Blocks are those of ``blocks=`` (container paths) or of the adapter
-    (``adapter`` as in :func:`apply_activation_checkpointing`, found from the model's class when
-    None); a model no adapter serves needs neither: the pass then finds its blocks in the graph
-    (ModuleList items). Eager checkpointing already on the model (ac-core's, diffusers' or
-    transformers' own) is removed first and logged, so blocks are not checkpointed twice.
-    ``backend`` is ``"inductor"`` or ``"aot_eager"``.
+    :data:`DEFAULT_SAC_SAVE_OPS`, of the adapter's attention ops and of ``retain`` (op names or op
+    objects; ``Ops(retain=...)`` adds to them), every other matmul, each block's output and whatever
+    runs outside the blocks, and recomputes the rest of each block in backward. Blocks are those of
+    ``blocks=`` (container paths) or of the adapter (``adapter`` as in
+    :func:`apply_activation_checkpointing`, found from the model's class when None); a model no adapter
+    serves needs neither: the pass then finds its blocks in the graph (ModuleList items). Eager
+    checkpointing already on the model (ac-core's, diffusers' or transformers' own) is removed first and
+    logged, so blocks are not checkpointed twice. ``backend`` is ``"inductor"`` or ``"aot_eager"``.
 
-    ``full`` and ``block_skip`` apply eager per-block checkpointing
+    ``full`` and ``block_skip`` (and any other policy) apply eager per-block checkpointing
     (:func:`apply_activation_checkpointing` with ``n_layer``, ``adapter``, ``blocks``) and compile.
     Other keyword arguments (``dynamic``, ``fullgraph``, ``mode`` ...) go to ``torch.compile``.
+    ``save_ops=`` is the old name of ``retain=``.
     """
     import torch
 
-    kind = coerce_checkpoint_type(checkpointing_type)
+    retain = renamed("compile", "save_ops", "retain", save_ops, retain, ())
     if backend not in GRAPH_BACKENDS:
         raise ValueError(
             f"ac_core.compile supports backend='inductor' or 'aot_eager', got {backend!r}; for another "
@@ -204,19 +252,19 @@ def compile(
         )
     if options is not None and backend != "inductor":
         raise ValueError(f"options= are inductor options; backend {backend!r} takes none")
-    if kind is not CheckpointType.OPS:
-        apply_activation_checkpointing(model, kind, n_layer, adapter=adapter, blocks=blocks)
+    if isinstance(retain, (str, bytes)):
+        raise TypeError(f"retain takes a collection of ops, e.g. {{{retain!r}}}, not a single string")
+    config = policy_config(checkpointing_type, n_layer)
+    if not isinstance(config, Ops):
+        apply_activation_checkpointing(model, config, adapter=adapter, blocks=blocks)
         return torch.compile(model, backend=backend, options=options, **torch_compile_kwargs)
 
-    route = _prepare_graph_route(model, adapter, blocks, save_ops)
+    route = prepare_graph_route(model, adapter, blocks, {*config.retain, *retain})
     if backend == "aot_eager":
-        return torch.compile(
-            model, backend=sac_aot_eager(route.save_ops, route.blocks, route.outside_modules), **torch_compile_kwargs
-        )
+        return torch.compile(model, backend=route.aot_eager(), **torch_compile_kwargs)
     mode = torch_compile_kwargs.pop("mode", None)
     if mode is not None:  # torch.compile takes mode or options, not both: spell the mode as options
         from torch._inductor import list_mode_options
 
         options = {**list_mode_options(mode, torch_compile_kwargs.get("dynamic")), **(options or {})}
-    options = sac_inductor_options(route.save_ops, options, route.blocks, route.outside_modules)
-    return torch.compile(model, backend="inductor", options=options, **torch_compile_kwargs)
+    return torch.compile(model, backend="inductor", options=route.inductor_options(options), **torch_compile_kwargs)

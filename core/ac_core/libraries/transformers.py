@@ -17,6 +17,7 @@ from torch import nn
 from ..checkpointing import is_activation_checkpointed
 from ..ops import DEFAULT_RETAINED_OPS
 from ..spec import AttentionBackend
+from ..warnings import warn_once
 
 logger = logging.getLogger("ac_core")
 
@@ -91,15 +92,11 @@ def _argument(params: tuple[str, ...], args: tuple, kwargs: dict[str, Any], name
     return args[index] if index < len(args) else None
 
 
-_warned_use_cache = False
-
-
 def _drop_kv_cache(
     params: tuple[str, ...], module: nn.Module, args: tuple, kwargs: dict[str, Any]
 ) -> tuple[tuple, dict[str, Any]] | None:
     """Forward pre-hook, bound to the forward's parameter names: with gradients through checkpointed blocks,
     the forward runs with use_cache=False."""
-    global _warned_use_cache
     # Checkpointed blocks recompute whenever gradients are on, in eval mode too; without gradients they
     # run plain, so generation keeps its cache.
     if not (torch.is_grad_enabled() and is_activation_checkpointed(module)):
@@ -111,9 +108,9 @@ def _drop_kv_cache(
                 "layers are activation-checkpointed: recomputing a layer in backward would write to the cache a "
                 f"second time. Pass {name}=None to train, or run this forward under torch.no_grad()."
             )
-    if _argument(params, args, kwargs, "use_cache") and not _warned_use_cache:
-        _warned_use_cache = True
-        logger.warning(
+    if _argument(params, args, kwargs, "use_cache"):
+        warn_once(
+            "use_cache",
             "ac-core: use_cache=True ignored in a forward with gradients of %s: its layers are activation-checkpointed "
             "and a KV cache would grow again when they are recomputed in backward.",
             type(module).__name__,
@@ -156,8 +153,3 @@ def train_without_kv_cache(model: nn.Module) -> None:
             type(model).__name__,
             ", ".join(guarded),
         )
-
-
-def _reset_warnings() -> None:
-    global _warned_use_cache
-    _warned_use_cache = False

@@ -3,6 +3,7 @@ what a compiled step saves and recomputes (``python -m ac_core.measure`` prints 
 
 from __future__ import annotations
 
+from .attribution import attribute_ops
 from .compiled import CompiledActivations, compare_routes, compiled_activations, with_and_without_pass
 from .flops import SDPA_FLOP_FORMULAS, GlobalFlopCounter, flops_of, op_packet_name, register_sdpa_flop_formulas
 from .memory import LivePeak, held_for_backward
@@ -21,6 +22,7 @@ __all__ = [
     "OpCounter",
     "PeakMemory",
     "StepMeasurement",
+    "attribute_ops",
     "compare_grads",
     "compare_routes",
     "compiled_activations",

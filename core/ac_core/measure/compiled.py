@@ -21,6 +21,8 @@ from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..graph.save_ops import op_name
+from ..graph.torch_compile import GraphRoute, aot_eager_backend, prepare_graph_route
+from ..ops import op_matches
 from ..spec import ModelCase
 
 ROUTES = ("no pass", "graph pass", "eager full", "eager ops")
@@ -59,7 +61,7 @@ class CompiledActivations:
 
 def _count(counts: Mapping[str, int], names: Iterable[str]) -> int:
     wanted = set(names)
-    return sum(n for op, n in counts.items() if op in wanted or op.partition(".")[0] in wanted)
+    return sum(n for op, n in counts.items() if op_matches(op, wanted))
 
 
 def _nbytes(value: torch.Tensor) -> int:
@@ -142,12 +144,10 @@ class _Recorder:
         )
 
 
-def _inductor_recording_options(recorder: _Recorder, route: Any) -> dict[str, Any]:
+def _inductor_recording_options(recorder: _Recorder, route: GraphRoute | None) -> dict[str, Any]:
     """Inductor options that record the partition (and run the SAC pass for a graph ``route``)."""
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._inductor.custom_graph_pass import CustomPartitionerFn
-
-    from ..graph.torch_compile import sac_inductor_options
 
     class _RecordingPartitioner(CustomPartitionerFn):
         def __call__(self, gm, joint_inputs, **kwargs):
@@ -157,9 +157,7 @@ def _inductor_recording_options(recorder: _Recorder, route: Any) -> dict[str, An
             return None  # never cached: a cache hit would skip the partitioner and record nothing
 
     options: dict[str, Any] = {"custom_partitioner_fn": _RecordingPartitioner()}
-    return (
-        options if route is None else sac_inductor_options(route.save_ops, options, route.blocks, route.outside_modules)
-    )
+    return options if route is None else route.inductor_options(options)
 
 
 def _measure(
@@ -167,37 +165,21 @@ def _measure(
     sac: bool,
     adapter: Any,
     blocks: Sequence[str] | None,
-    save_ops: Iterable[object],
+    retain: Iterable[object],
     backend: str,
     baseline: _Recorder | None,
     torch_compile_kwargs: dict[str, Any],
 ) -> CompiledActivations:
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    from ..graph.torch_compile import _prepare_graph_route, sac_partition
-
     if backend not in ("aot_eager", "inductor"):
         raise ValueError(f"backend must be 'aot_eager' or 'inductor', got {backend!r}")
-    route = _prepare_graph_route(case.model, adapter, blocks, save_ops) if sac else None
+    route = prepare_graph_route(case.model, adapter, blocks, retain) if sac else None
     torch._dynamo.reset()
     recorder = _Recorder()
     if backend == "aot_eager":
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._dynamo.backends.debugging import boxed_nop
-
-        inner = (
-            min_cut_rematerialization_partition
-            if route is None
-            else functools.partial(
-                sac_partition, save_ops=route.save_ops, blocks=route.blocks, outside_modules=route.outside_modules
-            )
-        )
-        compiler = aot_autograd(
-            fw_compiler=boxed_nop,
-            bw_compiler=boxed_nop,
-            partition_fn=functools.partial(recorder.partition, inner, baseline=baseline),
-            keep_inference_input_mutations=True,
-        )
+        inner = min_cut_rematerialization_partition if route is None else route.partition_fn()
+        compiler = aot_eager_backend(functools.partial(recorder.partition, inner, baseline=baseline))
         compiled = torch.compile(case.model, backend=compiler, **torch_compile_kwargs)
     else:
         options = _inductor_recording_options(recorder, route)
@@ -214,7 +196,7 @@ def compiled_activations(
     sac: bool = False,
     adapter: Any = None,
     blocks: Sequence[str] | None = None,
-    save_ops: Iterable[object] = (),
+    retain: Iterable[object] = (),
     backend: str = "aot_eager",
     **torch_compile_kwargs: Any,
 ) -> CompiledActivations:
@@ -222,11 +204,11 @@ def compiled_activations(
 
     ``sac=False`` compiles the model as it is, eager checkpointing included: apply that first to
     measure it. ``sac=True`` takes the route of :func:`ac_core.compile` with ``adapter``, ``blocks``
-    and ``save_ops`` (eager checkpointing removed first).
+    and ``retain`` (eager checkpointing removed first).
     ``backend`` is ``"aot_eager"`` (seconds) or ``"inductor"`` (inductor's joint-graph passes run
     before partitioning; slower to compile).
     """
-    return _measure(case, sac, adapter, blocks, save_ops, backend, None, torch_compile_kwargs)
+    return _measure(case, sac, adapter, blocks, retain, backend, None, torch_compile_kwargs)
 
 
 def with_and_without_pass(
@@ -234,7 +216,7 @@ def with_and_without_pass(
     *,
     adapter: Any = None,
     blocks: Sequence[str] | None = None,
-    save_ops: Iterable[object] = (),
+    retain: Iterable[object] = (),
     **torch_compile_kwargs: Any,
 ) -> tuple[CompiledActivations, CompiledActivations]:
     """(without, with) the graph pass, from one ``aot_eager`` trace: each joint graph is partitioned twice.
@@ -244,7 +226,7 @@ def with_and_without_pass(
     result has no loss.
     """
     baseline = _Recorder()
-    ours = _measure(case, True, adapter, blocks, save_ops, "aot_eager", baseline, torch_compile_kwargs)
+    ours = _measure(case, True, adapter, blocks, retain, "aot_eager", baseline, torch_compile_kwargs)
     return baseline.result(None), ours
 
 

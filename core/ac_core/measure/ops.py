@@ -8,11 +8,7 @@ from collections.abc import Iterable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-
-def op_matches(op_name: str, names: Iterable[str]) -> bool:
-    """Whether ``op_name`` (``"aten::mul.Tensor"``) is one of ``names``, with or without its overload."""
-    wanted = set(names)
-    return op_name in wanted or op_name.partition(".")[0] in wanted
+from ..ops import op_matches
 
 
 class OpCounter(TorchDispatchMode):

@@ -1,23 +1,24 @@
 """Offload as a property of a model: every forward counts its tokens and offloads when they reach the threshold.
 
-Like checkpointing, it overrides ``forward`` on the instance (the module tree and every name stay
-as they are) and keeps the forward it replaced, so that removing it restores the model exactly.
+Like checkpointing, it is a layer of the model's forward chain (the module tree and every name stay
+as they are), so removing it leaves the model, and any other layer on it, as they were.
 """
 
 from __future__ import annotations
 
 import inspect
 import operator
-import types
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from .._containers import resolve_path
+from .. import _chain
 from ..errors import AdapterError
-from ..registry import get_adapter
+from ..plan import BlockPlan, modules_at, resolve_blocks
 from ..spec import AdapterSpec
 from ._regions import no_offload
 from ._session import OffloadSession
@@ -26,37 +27,23 @@ from .config import OffloadConfig, TokenCount
 from .context import offload_activations
 from .stats import OffloadStats
 
-STATE_ATTR = "_ac_core_offload"
-KEEP_ATTR = "_ac_core_keep_on_device"
+MODEL_KIND = "offload"
+KEEP_KIND = "keep_on_device"
 
 
-class _Wrapped:
-    """The instance-level forward a wrapper replaced (None: the class's)."""
+class _ModelOffload(_chain.ForwardLayer):
+    """Offloads the forwards of the model it sits on whose token count reaches ``config.min_tokens``."""
 
-    __slots__ = ("previous_forward",)
-
-    def __init__(self, previous_forward: Any) -> None:
-        self.previous_forward = previous_forward
-
-    def call(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
-        if self.previous_forward is not None:
-            return self.previous_forward(*args, **kwargs)
-        return type(module).forward(module, *args, **kwargs)
-
-
-class _ModelOffload(_Wrapped):
-    __slots__ = ("config", "count", "last", "signature", "source")
+    kind = MODEL_KIND
 
     def __init__(self, model: nn.Module, config: OffloadConfig, count: TokenCount, source: str) -> None:
-        super().__init__(model.__dict__.get("forward"))
         self.config = config
         self.count = count
         self.source = source
-        forward = self.previous_forward or types.MethodType(type(model).forward, model)
-        self.signature = inspect.signature(forward)
+        self.signature = inspect.signature(_chain.original_forward(model))
         self.last: OffloadStats | None = None
 
-    def tokens(self, model: nn.Module, args: tuple, kwargs: dict) -> int | None:
+    def tokens(self, model: nn.Module, args: tuple, kwargs: dict[str, Any]) -> int | None:
         """The forward's token count from its inputs bound by name; None when they do not bind (forward will raise)."""
         try:
             bound = self.signature.bind(*args, **kwargs)
@@ -76,28 +63,31 @@ class _ModelOffload(_Wrapped):
                 f"{sorted(inputs)}: {exc}. Pass OffloadConfig(token_count=lambda model, inputs: ...) for this model."
             ) from exc
 
-
-def _offloading_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    state: _ModelOffload = self.__dict__[STATE_ATTR]
-    # Traced code runs no Python hooks at run time: offload the compiled model's call from outside instead.
-    if torch.compiler.is_compiling() or not torch.is_grad_enabled() or not can_offload():
-        return state.call(self, args, kwargs)
-    tokens = state.tokens(self, args, kwargs)
-    if tokens is None:
-        return state.call(self, args, kwargs)
-    context = offload_activations(state.config, tokens, model=self, inputs=tree_leaves((args, kwargs)))
-    if isinstance(context, OffloadSession):
-        state.last = context.stats
-    with context:
-        return state.call(self, args, kwargs)
+    def forward(self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        # Traced code runs no Python hooks at run time: offload the compiled model's call from outside instead.
+        if torch.compiler.is_compiling() or not torch.is_grad_enabled() or not can_offload():
+            return call_next(*args, **kwargs)
+        tokens = self.tokens(module, args, kwargs)
+        if tokens is None:
+            return call_next(*args, **kwargs)
+        context = offload_activations(self.config, tokens, model=module, inputs=tree_leaves((args, kwargs)))
+        if isinstance(context, OffloadSession):
+            self.last = context.stats
+        with context:
+            return call_next(*args, **kwargs)
 
 
-def _kept_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    with no_offload():
-        return self.__dict__[KEEP_ATTR].call(self, args, kwargs)
+class _KeepOnDevice(_chain.ForwardLayer):
+    """Tensors the module saves for backward stay on the device, as under :func:`no_offload`."""
+
+    kind = KEEP_KIND
+
+    def forward(self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        with no_offload():
+            return call_next(*args, **kwargs)
 
 
-def token_counter(
+def _token_counter(
     model: nn.Module, config: OffloadConfig, adapter: AdapterSpec | None, *, explicit_blocks: bool
 ) -> tuple[TokenCount, str]:
     """Where the token count comes from: ``config.token_count``, else the adapter's; raises when neither exists."""
@@ -118,11 +108,11 @@ def token_counter(
     return adapter.token_count, f"adapter {adapter.name!r}"
 
 
-def kept_modules(model: nn.Module, config: OffloadConfig) -> list[nn.Module]:
+def _kept_modules(model: nn.Module, config: OffloadConfig) -> list[nn.Module]:
     """The modules ``config.keep_on_device`` names; raises naming a path the model lacks."""
     modules: list[nn.Module] = []
     for path in config.keep_on_device:
-        found = resolve_path(model, path)
+        found = modules_at(model, path)
         if not found:
             children = [name for name, _ in model.named_children()]
             raise AdapterError(
@@ -131,6 +121,35 @@ def kept_modules(model: nn.Module, config: OffloadConfig) -> list[nn.Module]:
             )
         modules.extend(module for _, module in found)
     return modules
+
+
+@dataclass(frozen=True)
+class PreparedOffload:
+    """Offload validated for a model and ready to install: nothing on the model has changed yet."""
+
+    model: nn.Module
+    config: OffloadConfig
+    count: TokenCount | None
+    source: str
+    keep: tuple[nn.Module, ...]
+
+    def install(self) -> None:
+        """Offload the model's forwards by ``config``; replaces an earlier ac-core offload."""
+        uninstall(self.model)
+        if not self.config.enabled or self.count is None:
+            return
+        for module in self.keep:
+            _chain.add(module, _KeepOnDevice())
+        _chain.add(self.model, _ModelOffload(self.model, self.config, self.count, self.source))
+
+
+def prepare(plan: BlockPlan, config: OffloadConfig) -> PreparedOffload:
+    """Validate ``config`` for ``plan``'s model (the token count's source, kept paths); changes nothing."""
+    keep = tuple(_kept_modules(plan.model, config))
+    count, source = None, ""
+    if config.enabled:
+        count, source = _token_counter(plan.model, config, plan.adapter, explicit_blocks=plan.adapter is None)
+    return PreparedOffload(plan.model, config, count, source, keep)
 
 
 def apply_activation_offload(
@@ -145,19 +164,14 @@ def apply_activation_offload(
     """
     if not isinstance(config, OffloadConfig):
         raise TypeError(f"apply_activation_offload takes an OffloadConfig, got {type(config).__name__}")
-    keep = kept_modules(model, config)
+    keep = tuple(_kept_modules(model, config))
     count, source = None, ""
     if config.enabled:
         spec = None
         if config.token_count is None:
-            spec = get_adapter(model if adapter is None else adapter)
-            if not spec.serves(model):
-                raise AdapterError(
-                    f"adapter {spec.name!r} does not serve {type(model).__name__}; name the right adapter, or pass "
-                    "OffloadConfig(token_count=lambda model, inputs: ...)"
-                )
-        count, source = token_counter(model, config, spec, explicit_blocks=False)
-    install(model, config, count, source, keep)
+            spec = resolve_blocks(model, adapter).adapter
+        count, source = _token_counter(model, config, spec, explicit_blocks=False)
+    PreparedOffload(model, config, count, source, keep).install()
     return model
 
 
@@ -167,41 +181,15 @@ def remove_activation_offload(model: nn.Module) -> nn.Module:
     return model
 
 
-def install(
-    model: nn.Module, config: OffloadConfig, count: TokenCount | None, source: str, keep: list[nn.Module]
-) -> None:
-    """Offload ``model``'s forwards by ``config`` (already validated); replaces an earlier ac-core offload."""
-    uninstall(model)
-    if not config.enabled or count is None:
-        return
-    for module in keep:
-        module.__dict__[KEEP_ATTR] = _Wrapped(module.__dict__.get("forward"))
-        module.__dict__["forward"] = types.MethodType(_kept_forward, module)
-    model.__dict__[STATE_ATTR] = _ModelOffload(model, config, count, source)
-    # A bound method (not a closure) so that copy.deepcopy rebinds it to the copy.
-    model.__dict__["forward"] = types.MethodType(_offloading_forward, model)
-
-
-def _restore(module: nn.Module, attr: str) -> bool:
-    wrapped: _Wrapped | None = module.__dict__.pop(attr, None)
-    if wrapped is None:
-        return False
-    if wrapped.previous_forward is None:
-        module.__dict__.pop("forward", None)
-    else:
-        module.__dict__["forward"] = wrapped.previous_forward
-    return True
-
-
 def uninstall(model: nn.Module) -> bool:
     """Remove ac-core's offload from ``model`` and its submodules; returns whether there was any."""
-    removed = _restore(model, STATE_ATTR)
+    removed = _chain.remove(model, MODEL_KIND) is not None
     for module in model.modules():
-        removed = _restore(module, KEEP_ATTR) or removed
+        removed = _chain.remove(module, KEEP_KIND) is not None or removed
     return removed
 
 
 def last_offload_stats(model: nn.Module) -> OffloadStats | None:
     """What offload did in ``model``'s most recent offloaded forward (and its backward, once run); None if none."""
-    state = model.__dict__.get(STATE_ATTR)
-    return state.last if state is not None else None
+    layer = _chain.get(model, MODEL_KIND)
+    return layer.last if isinstance(layer, _ModelOffload) else None

@@ -1,0 +1,108 @@
+"""Checkpointing one block: the checkpoint layer of its forward chain.
+
+It calls ``torch.utils.checkpoint`` around the rest of the block's chain. A wrapper module (torch's
+checkpoint_wrapper) inserts ``_checkpoint_wrapped_module`` into every name below it, and
+torch.distributed._composable.checkpoint keeps names but fails under torch.compile on torch 2.13; a
+layer of the instance's forward does neither.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from . import _chain
+from .offload import _regions as offload_regions
+from .ops import BlockRetention, selective_context, warn_nothing_retained
+from .policy import CheckpointType
+
+KIND = "checkpoint"
+
+
+def _has_active_randomness(block: nn.Module) -> bool:
+    # Dropout modules and the attention-dropout floats that transformers/diffusers pass to SDPA.
+    for module in block.modules():
+        if not module.training:
+            continue
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+            return True
+        for attr in ("attention_dropout", "dropout_p"):
+            value = getattr(module, attr, None)
+            if isinstance(value, float) and value > 0:
+                return True
+    return False
+
+
+def _call_by_position(call_next: Callable[..., Any], names: tuple[str, ...], *args: Any) -> Any:
+    split = len(args) - len(names)
+    return call_next(*args[:split], **dict(zip(names, args[split:], strict=True)))
+
+
+def _checkpoint(call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any], **options: Any) -> Any:
+    """torch.utils.checkpoint of the rest of the chain, marked as a checkpoint for activation offload."""
+    if torch.compiler.is_compiling() or not offload_regions.session_active():
+        return checkpoint(call_next, *args, use_reentrant=False, **options, **kwargs)
+    # checkpoint keeps keyword arguments in a closure, out of reach of saved-tensor hooks; passed by
+    # position they are saved like the others, so offload can move them (checkpoint_inputs).
+    names = tuple(kwargs)
+    with offload_regions.checkpoint_inputs_scope():
+        return checkpoint(_call_by_position, call_next, names, *args, *kwargs.values(), use_reentrant=False, **options)
+
+
+class CheckpointLayer(_chain.ForwardLayer):
+    """How one block is checkpointed: ``kind`` FULL or OPS, the op names OPS keeps, and the block's path.
+
+    ``expects_attention`` is False for a block its adapter declares attention-free (e.g. a conv block):
+    under ``ops`` such a block retains nothing by design, which is not worth a warning.
+    """
+
+    kind = KIND
+
+    def __init__(
+        self, policy: CheckpointType, retained: frozenset[str], path: str, expects_attention: bool = True
+    ) -> None:
+        self.policy = policy
+        self.retained = retained
+        self.path = path
+        self.expects_attention = expects_attention
+
+    def forward(self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        if not torch.is_grad_enabled():
+            return call_next(*args, **kwargs)
+        # RNG state is saved and replayed only where a stochastic op is live: it costs a copy per call.
+        preserve_rng = _has_active_randomness(module)
+        if self.policy is not CheckpointType.OPS:
+            return _checkpoint(call_next, args, kwargs, preserve_rng_state=preserve_rng)
+        if torch.compiler.is_compiling():
+            # Under torch.compile context_fn must be a partial of constants, so nothing is recorded.
+            context_fn = functools.partial(selective_context, self.retained, self.path)
+            return _checkpoint(call_next, args, kwargs, preserve_rng_state=preserve_rng, context_fn=context_fn)
+        # torch 2.13 no longer calls the policy during recompute, so a block that retained nothing
+        # is detected here, right after its forward, from what the policy saw.
+        record = BlockRetention()
+        context_fn = functools.partial(selective_context, self.retained, self.path, record)
+        out = _checkpoint(call_next, args, kwargs, preserve_rng_state=preserve_rng, context_fn=context_fn)
+        if not record.retained and self.expects_attention:
+            warn_nothing_retained(type(module).__name__, record)
+        return out
+
+
+def install(block: nn.Module, layer: CheckpointLayer) -> None:
+    """Checkpoint ``block`` as ``layer`` says; replaces an earlier ac-core checkpoint of it."""
+    _chain.add(block, layer)
+
+
+def uninstall(block: nn.Module) -> bool:
+    """Stop checkpointing ``block``; returns whether ac-core checkpointed it."""
+    return _chain.remove(block, KIND) is not None
+
+
+def layer_of(block: nn.Module) -> CheckpointLayer | None:
+    """``block``'s checkpoint layer, or None."""
+    found = _chain.get(block, KIND)
+    return found if isinstance(found, CheckpointLayer) else None

@@ -1,0 +1,203 @@
+"""A model's blocks, resolved once: ``resolve_blocks(model) -> BlockPlan``.
+
+Every consumer (checkpointing policies, offload, the torch.compile route, the conformance suite,
+``ac-core inspect`` and ``bench``) reads blocks from a :class:`BlockPlan`, so the adapter lookup, the
+"does not serve" check and the version check happen in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from torch import nn
+
+from ._versions import check_version
+from .errors import AdapterError
+from .registry import get_adapter
+from .spec import AdapterSpec, ModelSpec
+
+_CONTAINER_TYPES = (nn.ModuleList, nn.Sequential)
+
+
+def module_lists(model: nn.Module) -> list[str]:
+    """FQNs of every ModuleList/Sequential in ``model``: the candidates for ``blocks=``."""
+    return [name for name, m in model.named_modules() if name and isinstance(m, _CONTAINER_TYPES)]
+
+
+def modules_at(model: nn.Module, path: str) -> list[tuple[str, nn.Module]] | None:
+    """The modules a dotted path names, with their FQNs; ``*`` expands over a ModuleDict's children.
+
+    Returns None when some segment is missing.
+    """
+    found: list[tuple[str, nn.Module]] = [("", model)]
+    for segment in path.split("."):
+        step: list[tuple[str, nn.Module]] = []
+        for prefix, module in found:
+            if segment == "*":
+                children = list(module.named_children())
+            else:
+                child = module._modules.get(segment)
+                if child is None:
+                    return None
+                children = [(segment, child)]
+            step.extend((f"{prefix}.{name}" if prefix else name, child) for name, child in children)
+        found = step
+    return found
+
+
+@dataclass(frozen=True, eq=False)
+class Block:
+    """One block: its FQN, the module, its index in its container, and whether it is expected to run attention.
+
+    ``expects_attention`` is False where the adapter declares the block class attention-free (0 calls):
+    ``ops`` retains nothing there by design, which is not worth a warning.
+    """
+
+    path: str
+    module: nn.Module
+    index: int
+    container: str
+    expects_attention: bool = True
+
+    @property
+    def class_name(self) -> str:
+        return type(self.module).__name__
+
+
+@dataclass(frozen=True, eq=False)
+class Container:
+    """A ModuleList (or Sequential) of blocks, by FQN."""
+
+    path: str
+    blocks: tuple[Block, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class ExcludedModules:
+    """A container the adapter leaves unchecked on purpose, the reason, and the modules found at its path."""
+
+    path: str
+    reason: str
+    modules: tuple[tuple[str, nn.Module], ...]
+
+    @property
+    def found(self) -> bool:
+        return bool(self.modules)
+
+
+@dataclass(frozen=True, eq=False)
+class BlockPlan:
+    """A model's blocks as its adapter (or ``blocks=``) declares them, resolved against the model itself.
+
+    ``adapter`` and ``model_spec`` are None where ``blocks=`` named the containers; ``source`` says in
+    words who named them (``"adapter 'wan'"`` or ``"blocks="``), for messages.
+    """
+
+    model: nn.Module
+    adapter: AdapterSpec | None
+    model_spec: ModelSpec | None
+    containers: tuple[Container, ...]
+    excluded: tuple[ExcludedModules, ...]
+    source: str
+
+    @property
+    def blocks(self) -> tuple[Block, ...]:
+        """Every block, container by container, in order."""
+        return tuple(block for container in self.containers for block in container.blocks)
+
+    @property
+    def paths(self) -> frozenset[str]:
+        """Every block's FQN."""
+        return frozenset(block.path for block in self.blocks)
+
+    def __iter__(self) -> Iterator[Block]:
+        return iter(self.blocks)
+
+    def __len__(self) -> int:
+        return sum(len(container.blocks) for container in self.containers)
+
+
+def _not_served(adapter: AdapterSpec, model: nn.Module) -> AdapterError:
+    served = ", ".join(m.class_name for m in adapter.models)
+    return AdapterError(
+        f"adapter {adapter.name!r} does not serve {type(model).__name__} (it serves {served}); pass the right "
+        "adapter, or name the containers with blocks=[...]"
+    )
+
+
+def _containers(model: nn.Module, paths: Sequence[str], source: str, attention_free: frozenset[str]) -> list[Container]:
+    result = []
+    for path in paths:
+        resolved = modules_at(model, path)
+        if resolved is None:
+            raise AdapterError(
+                f"{source} names block container {path!r}, which {type(model).__name__} does not have; "
+                f"its ModuleLists are {module_lists(model) or 'none'}"
+            )
+        for fqn, container in resolved:
+            if not isinstance(container, _CONTAINER_TYPES):
+                raise AdapterError(
+                    f"{source} names {fqn!r} as a block container, but it is a {type(container).__name__}, "
+                    f"not a ModuleList; {type(model).__name__}'s ModuleLists are {module_lists(model) or 'none'}"
+                )
+            blocks = tuple(
+                Block(f"{fqn}.{name}", block, index, fqn, type(block).__name__ not in attention_free)
+                for index, (name, block) in enumerate(container.named_children())
+            )
+            result.append(Container(fqn, blocks))
+    return result
+
+
+def resolve_blocks(
+    model: nn.Module,
+    adapter: AdapterSpec | str | None = None,
+    blocks: Sequence[str] | None = None,
+    *,
+    check_versions: bool = True,
+) -> BlockPlan:
+    """Resolve ``model``'s blocks once: find the adapter, check it serves the model and the library version,
+    and find every container and block; raises an error naming the fix before anything changes.
+
+    The adapter is found from the model's class (``adapter=None``), named (a registered name or
+    ``"module:attr"``), or given as an :class:`AdapterSpec`. ``blocks=["layers"]`` names the containers
+    instead (no adapter needed; with ``adapter=`` too, the adapter still supplies its attention ops).
+    ``check_versions=False`` skips the library-version check (``ac-core inspect`` reports it instead).
+    """
+    if blocks is not None and isinstance(blocks, str):
+        raise TypeError(f"blocks takes a list of container paths, e.g. blocks=[{blocks!r}]")
+    spec = get_adapter(model if adapter is None else adapter) if adapter is not None or blocks is None else None
+    model_spec = None
+    if blocks is not None:
+        paths, source, excluded_specs = tuple(blocks), "blocks=", ()
+    else:
+        assert spec is not None
+        model_spec = spec.model_spec(model)
+        if model_spec is None:
+            raise _not_served(spec, model)
+        if check_versions:
+            check_version(spec, model_spec)
+        paths, source, excluded_specs = model_spec.containers, f"adapter {spec.name!r}", model_spec.excluded
+    attention_free = (
+        frozenset(name for name, calls in model_spec.attention_calls.items() if calls == 0)
+        if model_spec is not None
+        else frozenset()
+    )
+    containers = _containers(model, paths, source, attention_free)
+    if not any(container.blocks for container in containers):
+        raise AdapterError(
+            f"{source} matched no block in {type(model).__name__} (containers {list(paths)} are empty); "
+            f"its ModuleLists are {module_lists(model) or 'none'}"
+        )
+    excluded = tuple(ExcludedModules(e.path, e.reason, tuple(modules_at(model, e.path) or ())) for e in excluded_specs)
+    return BlockPlan(model, spec, model_spec, tuple(containers), excluded, source)
+
+
+def model_blocks(
+    model: nn.Module, *, adapter: AdapterSpec | str | None = None, blocks: Sequence[str] | None = None
+) -> list[tuple[str, nn.Module]]:
+    """(FQN, block) for every block of ``model``, in order: :func:`resolve_blocks` as pairs.
+
+    Under FSDP2 these are the modules to ``fully_shard`` one by one before sharding the root.
+    """
+    return [(block.path, block.module) for block in resolve_blocks(model, adapter, blocks)]

@@ -1,0 +1,173 @@
+"""Checkpointing policies as small frozen configs, each with one registered handler.
+
+The shape of torchao's ``quantize_(model, config)``: :func:`ac_core.apply_activation_checkpointing`
+is the one verb; a policy is a config validated in ``__post_init__`` plus a handler that selects, from a
+:class:`~ac_core.plan.BlockPlan`, which blocks to checkpoint and how. A new policy is one config and one
+handler registered with :func:`register_policy`; the verb does not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from .ops import DEFAULT_RETAINED_OPS, check_op_names
+from .plan import Block, BlockPlan
+from .policy import CheckpointType
+
+
+class PolicyConfig:
+    """Base of every policy config. ``name`` is the string that selects it (``"full"``, ``"ops"`` ...)."""
+
+    name: ClassVar[str]
+
+
+@dataclass(frozen=True)
+class Full(PolicyConfig):
+    """Checkpoint every block of every container, each on its own; backward recomputes each block."""
+
+    name: ClassVar[str] = "full"
+
+
+@dataclass(frozen=True)
+class Ops(PolicyConfig):
+    """Checkpoint every block selectively: keep the outputs of attention ops, recompute the rest of the block.
+
+    Kept: PyTorch's SDPA kernels (:data:`~ac_core.DEFAULT_RETAINED_OPS`), the adapter's attention ops, and
+    ``retain`` (more dispatcher op names, e.g. ``{"mylib::attn"}``). Never a collective.
+    """
+
+    retain: frozenset[str] = frozenset()
+    name: ClassVar[str] = "ops"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "retain", check_op_names(self.retain, "Ops(retain=...)"))
+
+
+@dataclass(frozen=True)
+class BlockSkip(PolicyConfig):
+    """Fully checkpoint the blocks whose index in their container is a multiple of ``every``."""
+
+    every: int = 2
+    name: ClassVar[str] = "block_skip"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
+            raise ValueError(
+                f"BlockSkip(every=...) must be an int >= 1 (checkpoint every n-th block), got {self.every!r}"
+            )
+
+
+@dataclass(frozen=True)
+class BlockSelection:
+    """One block a policy checkpoints: ``kind`` FULL or OPS, and for OPS the op names whose outputs are kept."""
+
+    block: Block
+    kind: CheckpointType
+    retained: frozenset[str] = frozenset()
+
+
+C = TypeVar("C", bound=PolicyConfig)
+PolicyHandler = Callable[[Any, BlockPlan], list[BlockSelection]]
+
+_handlers: dict[type[PolicyConfig], PolicyHandler] = {}
+_by_name: dict[str, type[PolicyConfig]] = {}
+
+
+def register_policy(config_type: type[C]) -> Callable[[Callable[[C, BlockPlan], list[BlockSelection]]], Any]:
+    """Register the handler of ``config_type`` (a frozen dataclass subclassing :class:`PolicyConfig`).
+
+    The handler takes the config and a :class:`BlockPlan` and returns the :class:`BlockSelection` of each
+    block to checkpoint. ``config_type.name`` becomes a string the verb accepts.
+    """
+    if not (isinstance(config_type, type) and issubclass(config_type, PolicyConfig)):
+        raise TypeError(f"register_policy takes a PolicyConfig subclass, got {config_type!r}")
+
+    def register(handler: Callable[[C, BlockPlan], list[BlockSelection]]) -> Callable[[C, BlockPlan], Any]:
+        _handlers[config_type] = handler
+        _by_name[config_type.name] = config_type
+        return handler
+
+    return register
+
+
+def registered_policies() -> dict[str, type[PolicyConfig]]:
+    """Policy name -> config type, in registration order (``full``, ``ops``, ``block_skip``, then others)."""
+    return dict(_by_name)
+
+
+def policy_names() -> tuple[str, ...]:
+    """The names :func:`policy_config` accepts."""
+    return tuple(_by_name)
+
+
+def policy_config(
+    policy: str | CheckpointType | PolicyConfig, n_layer: int | None = None, retain: Iterable[str] = ()
+) -> PolicyConfig:
+    """The config for a policy given as a config, a name or a :class:`CheckpointType`, with the seed's knobs.
+
+    ``n_layer`` is ``block_skip``'s every-n-th (default 1, as in FastVideo); given with a policy that does
+    not use it, it is an error (except 1, which means every block anyway). ``retain`` adds kept ops to
+    ``ops``. A config passed as is takes its settings from its own fields.
+    """
+    if isinstance(policy, PolicyConfig):
+        if n_layer is not None:
+            raise ValueError(
+                f"n_layer is set by the config's own fields; drop n_layer={n_layer!r} (e.g. BlockSkip(every={n_layer}))"
+            )
+        if retain:
+            raise ValueError("retain is set by the config's own fields; e.g. Ops(retain={...}) instead")
+        if type(policy) not in _handlers:
+            raise TypeError(f"{type(policy).__name__} is a PolicyConfig with no registered handler (register_policy)")
+        return policy
+    name = policy.value if isinstance(policy, CheckpointType) else policy
+    if not isinstance(name, str) or name not in _by_name:
+        valid = ", ".join(repr(n) for n in _by_name)
+        raise ValueError(
+            f"unknown checkpointing type {policy!r}; valid types are {valid}, or a config such as ac_core.Full()"
+        )
+    if n_layer is not None and (isinstance(n_layer, bool) or not isinstance(n_layer, int) or n_layer < 1):
+        raise ValueError(f"n_layer must be an int >= 1 (checkpoint every n-th block), got {n_layer!r}")
+    retain = check_op_names(retain, "retain")
+    if name == BlockSkip.name:
+        if retain:
+            raise ValueError("retain applies to 'ops' only; 'block_skip' recomputes its blocks in full")
+        return BlockSkip(every=1 if n_layer is None else n_layer)
+    if n_layer not in (None, 1):
+        raise ValueError(
+            f"n_layer={n_layer} is used by 'block_skip' (every n-th block) only; {name!r} checkpoints every "
+            f"block. Use apply_activation_checkpointing(model, 'block_skip', {n_layer}) or drop n_layer."
+        )
+    if name == Ops.name:
+        return Ops(retain=retain)
+    if retain:
+        raise ValueError(f"retain applies to 'ops' only; {name!r} keeps no op outputs")
+    return _by_name[name]()
+
+
+def select(config: PolicyConfig, plan: BlockPlan) -> list[BlockSelection]:
+    """The blocks ``config``'s handler checkpoints in ``plan``."""
+    return _handlers[type(config)](config, plan)
+
+
+def retained_ops(plan: BlockPlan, extra: Iterable[str] = ()) -> frozenset[str]:
+    """Op names ``ops`` keeps for ``plan``: PyTorch's SDPA kernels, the adapter's attention ops, and ``extra``."""
+    adapter_ops = plan.adapter.retained_ops() if plan.adapter is not None else frozenset()
+    return DEFAULT_RETAINED_OPS | adapter_ops | frozenset(extra)
+
+
+@register_policy(Full)
+def _full(config: Full, plan: BlockPlan) -> list[BlockSelection]:
+    return [BlockSelection(block, CheckpointType.FULL) for block in plan]
+
+
+@register_policy(Ops)
+def _ops(config: Ops, plan: BlockPlan) -> list[BlockSelection]:
+    kept = retained_ops(plan, config.retain)
+    return [BlockSelection(block, CheckpointType.OPS, kept) for block in plan]
+
+
+@register_policy(BlockSkip)
+def _block_skip(config: BlockSkip, plan: BlockPlan) -> list[BlockSelection]:
+    return [BlockSelection(block, CheckpointType.FULL) for block in plan if block.index % config.every == 0]
