@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from ac_core import ops
+import ac_core
 
 # pytest-xdist runs one worker per core, and torch's default of one intra-op thread per core then puts
 # workers x cores spinning threads on the cores. Measured on 2 busy cores, tests/adapters with -n 2:
@@ -17,6 +17,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 @pytest.fixture(autouse=True)
 def _fresh_once_per_process_warnings():
     # The "retained nothing" warning fires once per process; each test starts as a fresh process would.
-    ops._reset_warnings()
+    ac_core.reset_warnings()
     yield
-    ops._reset_warnings()
+    ac_core.reset_warnings()

@@ -59,13 +59,29 @@ def _call_below(module: nn.Module, layer: ForwardLayer | None, *args: Any, **kwa
     return below.forward(module, functools.partial(_call_below, module, below), args, kwargs)
 
 
-def _chained_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    return _call_below(self, None, *args, **kwargs)
+class _ChainedForward:
+    """The instance's ``forward``: runs its chain from the top.
+
+    An object rather than a bound method so that it pickles (a pickled bound method is looked up by
+    name on the unpickled module, where no such attribute exists); ``copy.deepcopy`` rebinds it to the
+    copied module through the memo.
+    """
+
+    __slots__ = ("__self__",)
+
+    def __init__(self, module: nn.Module) -> None:
+        self.__self__ = module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _call_below(self.__self__, None, *args, **kwargs)
+
+    def __reduce__(self) -> tuple[type, tuple[nn.Module]]:
+        return _ChainedForward, (self.__self__,)
 
 
 def _installed(module: nn.Module) -> bool:
     forward = module.__dict__.get("forward")
-    return getattr(forward, "__func__", None) is _chained_forward and getattr(forward, "__self__", None) is module
+    return isinstance(forward, _ChainedForward) and forward.__self__ is module
 
 
 def add(module: nn.Module, layer: ForwardLayer) -> None:
@@ -81,8 +97,7 @@ def add(module: nn.Module, layer: ForwardLayer) -> None:
     else:
         chain.layers.append(layer)
     if not _installed(module):
-        # A bound method (not a closure) so that copy.deepcopy rebinds it to the copied module.
-        module.__dict__["forward"] = types.MethodType(_chained_forward, module)
+        module.__dict__["forward"] = _ChainedForward(module)
 
 
 def remove(module: nn.Module, kind: str) -> ForwardLayer | None:

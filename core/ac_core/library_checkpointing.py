@@ -48,13 +48,14 @@ def enable_library_checkpointing(model: nn.Module) -> str:
 
 
 def _turn_off(model: nn.Module) -> str:
-    switch = library_switch(model)
-    if switch is not None:
-        getattr(model, switch[1])()
+    # Only the disable method matters here: a model may offer it without its enable twin.
+    disable = next((off for _, off in SWITCHES if callable(getattr(model, off, None))), None)
+    if disable is not None:
+        getattr(model, disable)()
     for m in model.modules():
         if getattr(m, "gradient_checkpointing", False) is True:
-            m.gradient_checkpointing = False
-    return f"model.{switch[1]}()" if switch else "setting gradient_checkpointing = False on those modules"
+            m.gradient_checkpointing = False  # pyright: ignore[reportArgumentType]
+    return f"model.{disable}()" if disable else "setting gradient_checkpointing = False on those modules"
 
 
 def _library_name(model: nn.Module) -> str:

@@ -92,6 +92,12 @@ def register_policy(config_type: type[C]) -> Callable[[Callable[[C, BlockPlan], 
     return register
 
 
+def unregister_policy(config_type: type[PolicyConfig]) -> None:
+    """Remove a policy registered with :func:`register_policy` (mostly for tests); unknown types are ignored."""
+    if _handlers.pop(config_type, None) is not None:
+        _by_name.pop(config_type.name, None)
+
+
 def registered_policies() -> dict[str, type[PolicyConfig]]:
     """Policy name -> config type, in registration order (``full``, ``ops``, ``block_skip``, then others)."""
     return dict(_by_name)

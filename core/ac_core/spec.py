@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .errors import AdapterError
+from .refs import is_ref, load_ref
 
 # Op namespaces of collectives. Nothing in them is ever retained: see ops.py for why.
 COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "c10d", "c10d_functional")
@@ -103,7 +104,11 @@ class ModelCase:
 
     def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> ModelCase:
         """Move the model and every floating tensor input (and ``dtype`` when given); returns self."""
-        self.model.to(device=device, dtype=dtype)
+        # No dtype argument unless one is given: diffusers warns about its fp32 modules on any dtype passed.
+        if dtype is None:
+            self.model.to(device)
+        else:
+            self.model.to(device, dtype)
 
         def move(value: Any) -> Any:
             if isinstance(value, torch.Tensor):
@@ -117,6 +122,22 @@ class ModelCase:
 
         self.inputs = {k: move(v) for k, v in self.inputs.items()}
         return self
+
+
+Factory = Callable[..., ModelCase] | str
+"""A model factory as a spec declares it: the callable, or ``"module:attr"`` naming it (imported when used)."""
+
+
+def _check_factory(value: object, where: str) -> None:
+    if not (callable(value) or is_ref(value)):
+        raise AdapterError(f"{where} must be a callable or a 'package.module:attribute' string, got {value!r}")
+
+
+def _load_factory(value: Factory, what: str) -> Callable[..., ModelCase]:
+    factory = load_ref(value, what=what) if isinstance(value, str) else value
+    if not callable(factory):
+        raise AdapterError(f"{what} {value!r} is a {type(factory).__name__}, not a callable")
+    return factory
 
 
 def class_path(cls: type) -> str:
@@ -142,7 +163,9 @@ class ModelSpec:
     block class name to the attention calls one forward of it makes. ``versions`` is a
     requirement string (``"diffusers>=0.42"``) for the library versions whose layout this declares.
     ``tiny`` builds a tiny :class:`ModelCase` from a config in code, with no download; it seeds torch
-    itself, so every call builds the same weights and inputs.
+    itself, so every call builds the same weights and inputs. It and the ``presets`` are given as
+    callables or as ``"module:attr"`` strings, imported only when :meth:`build_tiny` or :meth:`preset`
+    needs them (so a spec reads as data and imports no factory code).
     ``compile_unsupported`` says why torch.compile cannot train this model even without ac-core (an
     upstream failure); the conformance suite checks that claim on the plain model instead of compiling ours.
     ``presets`` map a preset name (e.g. ``"wan2.1-1.3b"``) to a factory taking keyword options
@@ -154,8 +177,8 @@ class ModelSpec:
     excluded: tuple[ExcludedContainer, ...] = ()
     attention_calls: Mapping[str, int] = field(default_factory=dict)
     versions: str | None = None
-    tiny: Callable[[], ModelCase] | None = None
-    presets: Mapping[str, Callable[..., ModelCase]] = field(default_factory=dict)
+    tiny: Factory | None = None
+    presets: Mapping[str, Factory] = field(default_factory=dict)
     compile_unsupported: str | None = None
 
     def __post_init__(self) -> None:
@@ -173,10 +196,35 @@ class ModelSpec:
         for block, calls in self.attention_calls.items():
             if not isinstance(calls, int) or calls < 0:
                 raise AdapterError(f"ModelSpec for {self.cls}: attention_calls[{block!r}] must be an int >= 0")
+        if self.tiny is not None:
+            _check_factory(self.tiny, f"ModelSpec for {self.cls}: tiny")
+        for name, factory in self.presets.items():
+            _check_factory(factory, f"ModelSpec for {self.cls}: presets[{name!r}]")
 
     @property
     def class_name(self) -> str:
         return self.cls.rpartition(".")[2]
+
+    @property
+    def tiny_name(self) -> str | None:
+        """The tiny factory's name (``"tiny_wan"``): the callable's, or the attribute its reference names."""
+        if self.tiny is None:
+            return None
+        if isinstance(self.tiny, str):
+            return self.tiny.rpartition(":")[2].rpartition(".")[2]
+        return getattr(self.tiny, "__name__", "tiny")
+
+    def build_tiny(self) -> ModelCase:
+        """A tiny :class:`ModelCase` from the ``tiny`` factory (imported first where it is a reference)."""
+        if self.tiny is None:
+            raise AdapterError(f"ModelSpec for {self.cls} declares no tiny factory")
+        return _load_factory(self.tiny, f"tiny factory of {self.class_name}")()
+
+    def preset(self, name: str) -> Callable[..., ModelCase]:
+        """The factory of preset ``name`` (imported first where it is a reference); call it with ``layers``/``seq``."""
+        if name not in self.presets:
+            raise AdapterError(f"{self.class_name} has no preset {name!r}; its presets are {sorted(self.presets)}")
+        return _load_factory(self.presets[name], f"preset {name!r} of {self.class_name}")
 
     def matches(self, cls: type) -> bool:
         """Whether this spec serves ``cls`` or one of its bases."""
@@ -232,7 +280,7 @@ class AdapterSpec:
         """``ModelClass``, or ``ModelClass-tiny_factory`` where this adapter declares the class more than
         once (one spec per block variant), so that reports and test ids tell the variants apart."""
         if sum(m.cls == model.cls for m in self.models) > 1 and model.tiny is not None:
-            return f"{model.class_name}-{getattr(model.tiny, '__name__', 'tiny')}"
+            return f"{model.class_name}-{model.tiny_name}"
         return model.class_name
 
     def backend(self, name: str) -> AttentionBackend:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ac_core import apply_activation_checkpointing
+from ac_core import BlockSkip, Full, Ops, apply_activation_checkpointing
 from ac_core.measure import CompiledOpCounter
 from ac_core.testing import ToyBlock, toy_case
 
@@ -20,14 +20,14 @@ def _reset_dynamo():
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-@pytest.mark.parametrize("kind", ["full", "ops", "block_skip"])
+@pytest.mark.parametrize("kind", [Full(), Ops(), BlockSkip(every=2)], ids=["full", "ops", "block_skip"])
 def test_compiled_matches_eager(kind, backend):
     eager = toy_case(depth=3)
-    apply_activation_checkpointing(eager.model, kind, 2, blocks=["layers"])
+    apply_activation_checkpointing(eager.model, kind, blocks=["layers"])
     expected = loss_and_grads(eager)
 
     case = toy_case(depth=3)
-    apply_activation_checkpointing(case.model, kind, 2, blocks=["layers"])
+    apply_activation_checkpointing(case.model, kind, blocks=["layers"])
     plain_names = [n for n, _ in case.model.named_parameters()]
     case.model = torch.compile(case.model, backend=backend)
     got = loss_and_grads(case)

@@ -116,7 +116,7 @@ def test_collectives_cannot_be_retained():
         "collectives cannot be retained",
         checkpointing_type="ops",
         blocks=["layers"],
-        retain_ops={"_c10d_functional::all_gather_into_tensor"},
+        retain={"_c10d_functional::all_gather_into_tensor"},
     )
 
 

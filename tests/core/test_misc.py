@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import pytest
 from torch import nn
 
+import ac_core
 from ac_core import (
     CheckpointType,
     apply_activation_checkpointing,
     checkpointed_blocks,
     resolve_checkpointing_type,
 )
-from ac_core._containers import resolve_path
 from ac_core.testing import ToyBlock
 
 
@@ -57,11 +57,11 @@ class _ModeModel(nn.Module):
 
 def test_wildcard_paths_expand_over_module_dicts():
     model = _ModeModel()
-    assert [fqn for fqn, _ in resolve_path(model, "mode_blocks.*")] == [
+    assert [fqn for fqn, _ in ac_core.modules_at(model, "mode_blocks.*")] == [
         "mode_blocks.image",
         "mode_blocks.video",
     ]
-    assert resolve_path(model, "mode_blocks.audio") is None
+    assert ac_core.modules_at(model, "mode_blocks.audio") is None
     apply_activation_checkpointing(model, "block_skip", 2, blocks=["mode_blocks.*", "single"])
     # block_skip counts indices within each container.
     assert checkpointed_blocks(model) == {

@@ -78,7 +78,7 @@ def test_no_grad_forward_is_plain():
 
 def test_retain_ops_extends_the_retained_set():
     case = toy_case(depth=2)
-    apply_activation_checkpointing(case.model, "ops", blocks=["layers"], retain_ops={"aten::gelu"})
+    apply_activation_checkpointing(case.model, "ops", blocks=["layers"], retain={"aten::gelu"})
     with OpCounter() as ops:
         case.run().backward()
     assert ops.count(["aten::gelu"], "backward") == 0
@@ -111,7 +111,7 @@ def test_rng_state_is_preserved_only_where_randomness_is_live(monkeypatch):
         seen.append(preserve_rng_state)
         return original(*args, preserve_rng_state=preserve_rng_state, **kwargs)
 
-    monkeypatch.setattr("ac_core._forward.checkpoint", spy)
+    monkeypatch.setattr("ac_core._checkpoint.checkpoint", spy)
     for dropout, training, expected in [(0.0, True, False), (0.3, True, True), (0.3, False, False)]:
         seen.clear()
         case = toy_case(depth=2, dropout=dropout)

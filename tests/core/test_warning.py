@@ -26,7 +26,7 @@ def test_math_attention_warns_once_naming_block_and_op(caplog):
     records = _warnings(caplog)
     assert len(records) == 1
     message = records[0].getMessage()
-    assert "ToyBlock" in message and "aten::_softmax" in message and "retain_ops" in message
+    assert "ToyBlock" in message and "aten::_softmax" in message and "Ops(retain=" in message
 
 
 def test_block_without_attention_says_it_saw_none(caplog):

@@ -88,13 +88,13 @@ def test_dropout_trains_like_eager():
     assert_same_training(loss_and_grads(case), expected)
 
 
-@pytest.mark.parametrize("kind", ["full", "block_skip"])
+@pytest.mark.parametrize("kind", [ac_core.Full(), ac_core.BlockSkip(every=2)], ids=["full", "block_skip"])
 def test_eager_types_are_applied_then_compiled(kind):
     expected = loss_and_grads(toy_case(depth=2))
     case = toy_case(depth=2)
-    compiled = ac_core.compile(case.model, kind, 2, blocks=["layers"], backend="aot_eager")
+    compiled = ac_core.compile(case.model, kind, blocks=["layers"], backend="aot_eager")
     assert checkpointed_blocks(case.model) == {"layers.0": CheckpointType.FULL} | (
-        {"layers.1": CheckpointType.FULL} if kind == "full" else {}
+        {"layers.1": CheckpointType.FULL} if isinstance(kind, ac_core.Full) else {}
     )
     case.model = compiled
     assert_same_training(loss_and_grads(case), expected)
@@ -108,7 +108,7 @@ def test_bad_backends_and_options_are_rejected_before_the_model_changes():
     with pytest.raises(ValueError, match="inductor options"):
         ac_core.compile(case.model, backend="aot_eager", options={"max_autotune": True})
     with pytest.raises(TypeError, match="dispatcher names"):
-        ac_core.compile(case.model, backend="aot_eager", save_ops=[3.5])
+        ac_core.compile(case.model, backend="aot_eager", retain=[3.5])
     with pytest.raises(ac_core.AdapterError, match="'blocks'"):  # named blocks are checked as for eager
         ac_core.compile(case.model, blocks=["blocks"], backend="aot_eager")
     assert checkpointed_blocks(case.model) == {"layers.0": CheckpointType.FULL}

@@ -6,8 +6,10 @@ import functools
 
 import pytest
 
+from ac_core.cli import compare, main
+from ac_core.cli.compare import format_table
 from ac_core.measure import compiled as measure
-from ac_core.measure.compiled import CompiledActivations, compare_routes, format_table
+from ac_core.measure.compiled import CompiledActivations, compare_routes
 from ac_core.testing import toy_case
 
 BATCH, TOKENS, DIM, HEADS, DEPTH = 2, 32, 64, 4, 2
@@ -58,8 +60,8 @@ def test_command_line_measures_the_toy_stack_it_is_given(monkeypatch, capsys):
         seen["case"], seen["kwargs"] = make_case(), kwargs
         return {route: CompiledActivations(2**20, 1) for route in measure.ROUTES}
 
-    monkeypatch.setattr(measure, "compare_routes", fake_compare)
-    measure.main(["--depth", "3", "--dim", "32", "--heads", "2", "--batch", "1", "--tokens", "8"])
+    monkeypatch.setattr(compare, "compare_routes", fake_compare)
+    assert main(["compare", "--depth", "3", "--dim", "32", "--heads", "2", "--batch", "1", "--tokens", "8"]) == 0
     assert len(seen["case"].model.layers) == 3 and tuple(seen["case"].inputs["x"].shape) == (1, 8, 32)
     assert seen["kwargs"] == {"blocks": ["layers"], "backend": "aot_eager"}
     assert "graph pass" in capsys.readouterr().out
@@ -74,9 +76,14 @@ def test_command_skips_a_model_declared_not_compilable(capsys):
     declared = replace(TOY_ADAPTER.models[0], compile_unsupported="upstream backward fails under compile")
     register_adapter(replace(TOY_ADAPTER, name="toy_uncompilable", models=(declared,)))
     try:
-        measure.main(["--adapter", "toy_uncompilable"])
+        assert main(["compare", "--adapter", "toy_uncompilable"]) == 0
     finally:
         unregister_adapter("toy_uncompilable")
     out = capsys.readouterr().out
     assert "skipped: torch.compile cannot train it (declared: upstream backward fails under compile)" in out
     assert "no pass" not in out
+
+
+def test_command_names_the_valid_adapters(capsys):
+    assert main(["compare", "--adapter", "nope"]) == 2
+    assert "ac-core compare: error: unknown adapter 'nope'; valid values: all, " in capsys.readouterr().err

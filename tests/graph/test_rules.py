@@ -127,7 +127,7 @@ def test_random_ops_are_never_recomputed(target):
     assert torch.Tag.nondeterministic_seeded in target.tags
     g = GraphBuilder()
     node = g.op(target, g.inputs["primals_1"])
-    apply_sac_pass(g.module(node), op_list_to_save=set())
+    apply_sac_pass(g.module(node), retain=set())
     assert policy(node) is SAVE
 
 

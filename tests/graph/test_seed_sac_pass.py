@@ -57,7 +57,7 @@ class TestApplySACPass(TestCase):
         """Non-mm ops in the save list should be marked MUST_SAVE."""
         custom_save = {torch.ops.aten.add.Tensor}
         gm = self._build_gm([torch.ops.aten.add.Tensor])
-        apply_sac_pass(gm, op_list_to_save=custom_save)
+        apply_sac_pass(gm, retain=custom_save)
         nodes = self._get_call_function_nodes(gm)
         self.assertEqual(len(nodes), 1)
         self.assertEqual(nodes[0].meta["recompute"], CheckpointPolicy.MUST_SAVE)
@@ -100,7 +100,7 @@ class TestApplySACPass(TestCase):
                 torch.ops.aten.relu.default,
             ]
         )
-        apply_sac_pass(gm, op_list_to_save=custom_save)
+        apply_sac_pass(gm, retain=custom_save)
         policies = {
             n.target: n.meta["recompute"] for n in self._get_call_function_nodes(gm)
         }
@@ -123,7 +123,7 @@ class TestApplySACPass(TestCase):
                 torch.ops.aten.mm.default,  # 3rd mm -> MUST_SAVE
             ]
         )
-        apply_sac_pass(gm, op_list_to_save=custom_save)
+        apply_sac_pass(gm, retain=custom_save)
         nodes = self._get_call_function_nodes(gm)
         expected = [
             (torch.ops.aten.mm.default, CheckpointPolicy.MUST_SAVE),

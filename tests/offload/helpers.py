@@ -7,6 +7,7 @@ import gc
 import torch
 from torch import nn
 
+import ac_core
 from ac_core import (
     ModelCase,
     OffloadConfig,
@@ -17,7 +18,7 @@ from ac_core import (
 from ac_core.offload.testing import RecordingTransport
 from ac_core.testing import TOY_ADAPTER, toy_case
 
-POLICIES = ("none", "full", "ops", "block_skip")
+POLICIES = ("none", *ac_core.registered_policies())
 
 # Every activation of the toy is far below the default 1 MiB threshold: tests that are not about it lower it.
 EVERYTHING = OffloadConfig(min_tokens=1, min_bytes=1)
@@ -26,7 +27,8 @@ EVERYTHING = OffloadConfig(min_tokens=1, min_bytes=1)
 def prepare(case: ModelCase, policy: str, offload: OffloadConfig | None, adapter=TOY_ADAPTER) -> ModelCase:
     """Checkpoint ``case.model`` by ``policy`` ("none": not at all) and offload by ``offload``."""
     if policy != "none":
-        apply_activation_checkpointing(case.model, policy, 2, adapter=adapter, offload=offload)
+        config = ac_core.BlockSkip(every=2) if policy == ac_core.BlockSkip.name else policy
+        apply_activation_checkpointing(case.model, config, adapter=adapter, offload=offload)
     elif offload is not None:
         apply_activation_offload(case.model, offload, adapter=adapter)
     return case

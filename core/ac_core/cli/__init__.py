@@ -1,4 +1,5 @@
-"""The ``ac-core`` command line: ``inspect`` what an adapter declares, ``bench`` every policy on its models.
+"""The ``ac-core`` command line: ``inspect`` what an adapter declares, ``bench`` every policy on its models,
+``compare`` what a compiled step saves and recomputes per route.
 
 Imported only by the ``ac-core`` script (``import ac_core`` does not load it, nor rich or matplotlib).
 """
@@ -14,15 +15,16 @@ from ._common import CLIError
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``ac-core`` argument parser with its subcommands."""
-    from . import bench, inspect
+    from . import bench, compare, inspect
 
     parser = argparse.ArgumentParser(
         prog="ac-core",
         description="Activation checkpointing for video diffusion transformers and LLMs: inspect and benchmark.",
     )
-    subparsers = parser.add_subparsers(title="commands", required=True, metavar="{inspect,bench}")
+    subparsers = parser.add_subparsers(title="commands", required=True, metavar="{inspect,bench,compare}")
     inspect.add_parser(subparsers)
     bench.add_parser(subparsers)
+    compare.add_parser(subparsers)
     return parser
 
 

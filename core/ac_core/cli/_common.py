@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import logging
 import platform
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
@@ -15,7 +17,9 @@ import torch
 from rich.console import Console
 from rich.logging import RichHandler
 
-from ..registry import registered_adapters
+from .._versions import version_supported
+from ..errors import AdapterError
+from ..registry import get_adapter, registered_adapters
 from ..spec import AdapterSpec, ModelCase, ModelSpec
 
 TINY = "tiny"
@@ -53,27 +57,72 @@ def ac_core_logs_to(console: Console) -> Iterator[None]:
         logger.propagate = previous
 
 
+NOTICE_LIBRARIES = ("diffusers", "transformers")
+
+
+@contextmanager
+def library_notices_silenced(libraries: Iterable[str]) -> Iterator[None]:
+    """Within the block, the log notices of those of ``libraries`` in :data:`NOTICE_LIBRARIES` and Python
+    warnings are not printed; levels and filters come back on exit.
+
+    They tell how the libraries expect a model to be loaded or served (e.g. transformers' use_cache notice
+    under its own checkpointing), not something about the measurement.
+    """
+    loggers = []
+    for name in NOTICE_LIBRARIES:
+        if name not in libraries:
+            continue
+        try:
+            # Its first import sets the library logger's level: done now, it cannot undo ours mid-run.
+            importlib.import_module(f"{name}.utils.logging")
+        except ImportError:
+            continue
+        loggers.append(logging.getLogger(name))
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.setLevel(level)
+
+
+def positive(value: str) -> int:
+    """An argparse type: an int >= 1."""
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    return number
+
+
+def non_negative(value: str) -> int:
+    """An argparse type: an int >= 0."""
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {number}")
+    return number
+
+
 def split_names(value: str) -> list[str]:
     """``"a,b , c"`` -> ``["a", "b", "c"]``."""
     return [name.strip() for name in value.split(",") if name.strip()]
 
 
-def _load_ref(ref: str) -> AdapterSpec:
-    module, _, attr = ref.partition(":")
+def _get_adapter(ref: str) -> AdapterSpec:
     try:
-        spec = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise CLIError(f"cannot load adapter {ref!r}: {exc}") from None
-    if not isinstance(spec, AdapterSpec):
-        raise CLIError(f"{ref} is a {type(spec).__name__}, not an AdapterSpec")
-    return spec
+        return get_adapter(ref)
+    except AdapterError as exc:
+        raise CLIError(str(exc)) from None
 
 
 def known_adapters() -> dict[str, AdapterSpec]:
     """Registered adapters, plus the built-in toy (``ac_core.testing:TOY_ADAPTER``) unless one is named ``toy``."""
     adapters = registered_adapters()
     if TOY not in adapters:
-        adapters[TOY] = _load_ref(TOY_REF)
+        adapters[TOY] = _get_adapter(TOY_REF)
     return adapters
 
 
@@ -91,7 +140,7 @@ def select_adapters(value: str) -> list[AdapterSpec]:
                 )
             chosen.update(registered)
         elif ":" in name:
-            spec = _load_ref(name)
+            spec = _get_adapter(name)
             chosen[spec.name] = spec
         elif name in known:
             chosen[name] = known[name]
@@ -116,6 +165,11 @@ def missing_library(adapter: AdapterSpec) -> str | None:
     return None
 
 
+def version_status(model: ModelSpec) -> tuple[bool, str | None]:
+    """(supported, installed version) of the library whose layout ``model`` declares (``versions``)."""
+    return version_supported(model.versions)
+
+
 def presets_of(adapters: Iterable[AdapterSpec]) -> list[str]:
     """``tiny`` and every named preset the adapters' model classes offer."""
     names = {preset for adapter in adapters for model in adapter.models for preset in model.presets}
@@ -133,12 +187,11 @@ def build_case(model: ModelSpec, preset: str, *, layers: int | None = None, seq:
     """A seeded ModelCase of ``model`` at ``preset`` (tiny: its fixed config; else ``layers`` blocks at ``seq``)."""
     torch.manual_seed(0)
     if preset == TINY:
-        assert model.tiny is not None
-        return model.tiny()
+        return model.build_tiny()
     options: dict[str, Any] = {"seq": seq}
     if layers is not None:
         options["layers"] = layers
-    return model.presets[preset](**options)
+    return model.preset(preset)(**options)
 
 
 def library_version(name: str) -> str | None:

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import operator
 from collections import Counter
 from typing import Any
 
 import torch
 from rich.console import Console
 from rich.markup import escape
-from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from .._containers import resolve_containers, resolve_path
-from .._versions import version_supported
-from ..measure import op_matches
+from ..errors import AdapterError
+from ..measure import attribute_ops, op_matches
 from ..ops import DEFAULT_RETAINED_OPS
+from ..plan import BlockPlan, resolve_blocks
 from ..registry import registered_adapters
 from ..spec import AdapterSpec, ModelCase, ModelSpec
 from ._common import (
@@ -27,72 +27,56 @@ from ._common import (
     presets_of,
     select_adapters,
     stdout,
+    version_status,
 )
 
 
-class _RetainedByBlock(TorchDispatchMode):
-    """Counts, per block class, the calls of ops ``ops`` would retain, and the calls of each block."""
+def retained_ops_per_block(case: ModelCase, plan: BlockPlan, retained: frozenset[str]) -> dict[str, dict[str, float]]:
+    """Block class -> {op name: calls per block forward} of the ops ``ops`` retains, from forwards of ``case``.
 
-    def __init__(self, retained: frozenset[str]) -> None:
-        super().__init__()
-        self.retained = retained
-        self.stack: list[str] = []
-        self.ops: dict[str, Counter[str]] = {}
-        self.calls: Counter[str] = Counter()
+    One forward finds the blocks that run and the retained op names seen; one more per op name counts it.
+    """
+    blocks = {block.path: block.module for block in plan}
+    seen: set[str] = set()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.name()
-        if self.stack and op_matches(name, self.retained):
-            self.ops.setdefault(self.stack[-1], Counter())[name] += 1
-        return func(*args, **(kwargs or {}))
+    def any_op(name: str) -> bool:
+        if op_matches(name, retained):
+            seen.add(name)
+        return True
 
-    def watch(self, block: nn.Module) -> list[Any]:
-        kind = type(block).__name__
-
-        def enter(module: nn.Module, args: Any) -> None:
-            self.stack.append(kind)
-            self.calls[kind] += 1
-
-        def leave(module: nn.Module, args: Any, output: Any) -> None:
-            self.stack.pop()
-
-        return [block.register_forward_pre_hook(enter), block.register_forward_hook(leave)]
-
-
-def retained_ops_per_block(case: ModelCase, model: ModelSpec, retained: frozenset[str]) -> dict[str, dict[str, float]]:
-    """Block class -> {op name: calls per block forward} of the ops ``ops`` retains, from one forward of ``case``."""
-    recorder = _RetainedByBlock(retained)
-    handles = []
-    for _, blocks in resolve_containers(case.model, model.containers, model.class_name):
-        for _, block in blocks:
-            handles.extend(recorder.watch(block))
-    try:
-        with recorder:
+    with attribute_ops(blocks, any_op) as ran:
+        case.run()
+    runs = Counter(block.class_name for block in plan if ran[block.path])
+    kept: dict[str, Counter[str]] = {kind: Counter() for kind in runs}
+    for op in sorted(seen):
+        with attribute_ops(blocks, functools.partial(operator.eq, op)) as counts:
             case.run()
-    finally:
-        for handle in handles:
-            handle.remove()
-    return {
-        kind: {op: n / calls for op, n in sorted(recorder.ops.get(kind, Counter()).items())}
-        for kind, calls in recorder.calls.items()
-    }
+        for block in plan:
+            if counts[block.path]:
+                kept[block.class_name][op] += counts[block.path]
+    return {kind: {op: n / runs[kind] for op, n in sorted(kept[kind].items())} for kind in runs}
 
 
-def _container_lines(case_model: nn.Module, model: ModelSpec) -> list[str]:
+def _container_lines(plan: BlockPlan) -> list[str]:
     lines = []
-    for fqn, blocks in resolve_containers(case_model, model.containers, model.class_name):
-        kinds = Counter(type(block).__name__ for _, block in blocks)
-        text = f"{fqn}: {len(blocks)} x {', '.join(kinds)}" if blocks else f"{fqn}: empty"
+    for container in plan.containers:
+        kinds = Counter(block.class_name for block in container.blocks)
+        text = (
+            f"{container.path}: {len(container.blocks)} x {', '.join(kinds)}"
+            if container.blocks
+            else (f"{container.path}: empty")
+        )
         lines.append(escape(text))
     return lines
 
 
-def _excluded_lines(case_model: nn.Module | None, model: ModelSpec) -> list[str]:
+def _excluded_lines(plan: BlockPlan | None, model: ModelSpec) -> list[str]:
+    if plan is None:
+        return [escape(f"{excluded.path}: {excluded.reason}") for excluded in model.excluded] or ["none"]
     lines = []
-    for excluded in model.excluded:
-        found = resolve_path(case_model, excluded.path) if case_model is not None else None
-        count = sum(len(list(c.children())) for _, c in found) if found else None
-        size = f" ({count} blocks)" if count is not None else ""
+    for excluded in plan.excluded:
+        count = sum(len(list(module.children())) for _, module in excluded.modules)
+        size = f" ({count} blocks)" if excluded.found else ""
         lines.append(escape(f"{excluded.path}{size}: {excluded.reason}"))
     return lines or ["none"]
 
@@ -100,7 +84,7 @@ def _excluded_lines(case_model: nn.Module | None, model: ModelSpec) -> list[str]
 def _version_line(model: ModelSpec) -> str:
     if model.versions is None:
         return "library version: any (the adapter declares no requirement)"
-    supported, installed = version_supported(model.versions)
+    supported, installed = version_status(model)
     mark = "[green]supported[/]" if supported else "[red]NOT supported[/]"
     return f"library version: {mark} " + escape(f"(installed {installed or 'nothing'}, declared {model.versions})")
 
@@ -126,10 +110,17 @@ def _build(model: ModelSpec, preset: str) -> tuple[ModelCase, str]:
         return build_case(model, preset), f"preset {preset}, built on the meta device"
 
 
-def _print_model(console: Console, model: ModelSpec, preset: str, retained: frozenset[str]) -> None:
+def _plan(case: ModelCase, adapter: AdapterSpec) -> BlockPlan:
+    # The library version gets its own line, supported or not: it does not stop the inspection.
+    return resolve_blocks(case.model, adapter, check_versions=False)
+
+
+def _print_model(
+    console: Console, adapter: AdapterSpec, model: ModelSpec, preset: str, retained: frozenset[str]
+) -> None:
     console.print(f"[bold]{escape(model.class_name)}[/]  " + escape(f"({model.cls})"))
     console.print(f"  {_version_line(model)}")
-    case = None
+    case = plan = None
     if preset == TINY and model.tiny is None:
         console.print("  block containers (declared; no tiny config to build):")
         for path in model.containers:
@@ -137,19 +128,23 @@ def _print_model(console: Console, model: ModelSpec, preset: str, retained: froz
     else:
         try:
             case, where = _build(model, preset)
+            plan = _plan(case, adapter)
             console.print(escape(f"  block containers ({where}):"))
-            for line in _container_lines(case.model, model):
+            for line in _container_lines(plan):
                 console.print(f"    {line}")
+        except AdapterError as exc:
+            console.print(f"  block containers: [red]{escape(str(exc))}[/]")
         except Exception as exc:
             console.print(f"  block containers: [red]could not build the model: {escape(repr(exc))}[/]")
     console.print("  excluded containers:")
-    for line in _excluded_lines(case.model if case else None, model):
+    for line in _excluded_lines(plan, model):
         console.print(f"    {line}")
     measured, note = None, "not measured: no tiny config"
     if model.tiny is not None:
         try:
             tiny = case if preset == TINY and case is not None else build_case(model, TINY)
-            measured, note = retained_ops_per_block(tiny, model, retained), "measured on one forward of the tiny config"
+            tiny_plan = plan if tiny is case and plan is not None else _plan(tiny, adapter)
+            measured, note = retained_ops_per_block(tiny, tiny_plan, retained), "measured on the tiny config's forward"
         except Exception as exc:
             note = f"not measured: the tiny forward failed: {exc!r}"
     console.print(escape(f"  ops keeps per block ({note}):"))
@@ -189,7 +184,7 @@ def inspect_adapter(console: Console, adapter: AdapterSpec, models: list[ModelSp
     else:
         retained = DEFAULT_RETAINED_OPS | adapter.retained_ops()
         for model in models:
-            _print_model(console, model, preset, retained)
+            _print_model(console, adapter, model, preset, retained)
     _print_backends(console, adapter)
 
 
@@ -200,7 +195,9 @@ def _select(target: str) -> list[tuple[AdapterSpec, list[ModelSpec] | None]]:
         if target == "all" and not registered_adapters():
             raise CLIError("no adapter is registered: install ours with pip install 'ac-core[all]', or inspect 'toy'")
         return [(adapter, None) for adapter in select_adapters(target)]
-    matches = [(adapter, [m]) for adapter in known.values() for m in adapter.models if target in (m.class_name, m.cls)]
+    matches: list[tuple[AdapterSpec, list[ModelSpec] | None]] = [
+        (adapter, [m]) for adapter in known.values() for m in adapter.models if target in (m.class_name, m.cls)
+    ]
     if not matches:
         classes = sorted({m.class_name for a in known.values() for m in a.models})
         raise CLIError(

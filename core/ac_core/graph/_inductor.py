@@ -43,6 +43,7 @@ class SACGraphPass(CustomGraphPass):
         self.outside_modules = outside_modules
 
     def __call__(self, graph: fx.Graph) -> None:
+        assert graph.owning_module is not None, "inductor passes the joint graph of a GraphModule"
         apply_sac_pass(graph.owning_module, self.retain, blocks=self.blocks, outside_modules=self.outside_modules)
 
     def uuid(self) -> str:

@@ -210,6 +210,12 @@ def prepare_graph_route(
     return route
 
 
+def _compiled(result: Any) -> nn.Module:
+    # torch.compile of a module returns the module's OptimizedModule, typed as a plain callable.
+    assert isinstance(result, nn.Module)
+    return result
+
+
 def compile(
     model: nn.Module,
     checkpointing_type: str | CheckpointType | PolicyConfig = CheckpointType.OPS,
@@ -257,14 +263,15 @@ def compile(
     config = policy_config(checkpointing_type, n_layer)
     if not isinstance(config, Ops):
         apply_activation_checkpointing(model, config, adapter=adapter, blocks=blocks)
-        return torch.compile(model, backend=backend, options=options, **torch_compile_kwargs)
+        return _compiled(torch.compile(model, backend=backend, options=options, **torch_compile_kwargs))
 
     route = prepare_graph_route(model, adapter, blocks, {*config.retain, *retain})
     if backend == "aot_eager":
-        return torch.compile(model, backend=route.aot_eager(), **torch_compile_kwargs)
+        return _compiled(torch.compile(model, backend=route.aot_eager(), **torch_compile_kwargs))
     mode = torch_compile_kwargs.pop("mode", None)
     if mode is not None:  # torch.compile takes mode or options, not both: spell the mode as options
         from torch._inductor import list_mode_options
 
         options = {**list_mode_options(mode, torch_compile_kwargs.get("dynamic")), **(options or {})}
-    return torch.compile(model, backend="inductor", options=route.inductor_options(options), **torch_compile_kwargs)
+    compiled = torch.compile(model, backend="inductor", options=route.inductor_options(options), **torch_compile_kwargs)
+    return _compiled(compiled)

@@ -1,13 +1,14 @@
 """Measuring what checkpointing does: ops run where, memory held and peaked, FLOPs, one training step, and
-what a compiled step saves and recomputes (``python -m ac_core.measure`` prints the comparison)."""
+what a compiled step saves and recomputes (``ac-core compare`` prints the comparison of routes)."""
 
 from __future__ import annotations
 
+from ..ops import op_matches
 from .attribution import attribute_ops
 from .compiled import CompiledActivations, compare_routes, compiled_activations, with_and_without_pass
 from .flops import SDPA_FLOP_FORMULAS, GlobalFlopCounter, flops_of, op_packet_name, register_sdpa_flop_formulas
 from .memory import LivePeak, held_for_backward
-from .ops import CompiledOpCounter, OpCounter, op_matches
+from .ops import CompiledOpCounter, OpCounter
 from .peak import PeakMemory
 from .step import GRAD_TOLERANCE, GradCheck, StepMeasurement, compare_grads, measure_step, time_steps, zero_grads_
 

@@ -1,12 +1,10 @@
 """What a compiled training step keeps for backward and recomputes there, read from its partitioned graphs.
 
-``python -m ac_core.measure`` prints the table comparing routes for the toy stack; ``--adapter NAME``
-does it for an adapter's tiny model(s).
+``ac-core compare`` prints :func:`compare_routes` for the toy stack, or for an adapter's tiny model(s).
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import functools
 import operator
@@ -20,12 +18,15 @@ import torch
 from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ..checkpointing import apply_activation_checkpointing
+from ..graph import GraphRoute, aot_eager_backend, prepare_graph_route
 from ..graph.save_ops import op_name
-from ..graph.torch_compile import GraphRoute, aot_eager_backend, prepare_graph_route
 from ..ops import op_matches
+from ..policies import Full, Ops
 from ..spec import ModelCase
 
-ROUTES = ("no pass", "graph pass", "eager full", "eager ops")
+EAGER_POLICIES = (Full(), Ops())
+ROUTES = ("no pass", "graph pass", *(f"eager {policy.name}" for policy in EAGER_POLICIES))
 
 
 @dataclass(frozen=True)
@@ -240,10 +241,8 @@ def compare_routes(
     """A measurement for each of :data:`ROUTES`, each on a fresh case from ``make_case``.
 
     ``"graph pass"`` is :func:`ac_core.compile`'s route, the eager routes apply
-    :func:`ac_core.apply_activation_checkpointing`, all with ``adapter`` or ``blocks``.
+    :func:`ac_core.apply_activation_checkpointing` (:data:`EAGER_POLICIES`), all with ``adapter`` or ``blocks``.
     """
-    from ..checkpointing import apply_activation_checkpointing
-
     results: dict[str, CompiledActivations] = {}
     if backend == "aot_eager":
         results["no pass"], results["graph pass"] = with_and_without_pass(make_case(), adapter=adapter, blocks=blocks)
@@ -252,50 +251,8 @@ def compare_routes(
         results["graph pass"] = compiled_activations(
             make_case(), sac=True, adapter=adapter, blocks=blocks, backend=backend
         )
-    for kind in ("full", "ops"):
+    for policy in EAGER_POLICIES:
         case = make_case()
-        apply_activation_checkpointing(case.model, kind, adapter=adapter, blocks=blocks)
-        results[f"eager {kind}"] = compiled_activations(case, backend=backend)
+        apply_activation_checkpointing(case.model, policy, adapter=adapter, blocks=blocks)
+        results[f"eager {policy.name}"] = compiled_activations(case, backend=backend)
     return results
-
-
-def format_table(results: Mapping[str, CompiledActivations], title: str) -> str:
-    """A plain-text table of saved MiB, saved tensors and backward recomputes per route."""
-    lines = [title, f"{'route':<12} {'saved MiB':>10} {'tensors':>8} {'recomputed ops':>15}"]
-    for route, r in results.items():
-        lines.append(f"{route:<12} {r.saved_bytes / 2**20:>10.2f} {r.saved_tensors:>8} {r.recompute_count:>15}")
-    return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """Print :func:`compare_routes`' table for the toy stack, or for each tiny model of ``--adapter``."""
-    from ..registry import get_adapter
-    from ..testing import toy_case
-
-    parser = argparse.ArgumentParser(prog="python -m ac_core.measure", description=__doc__)
-    parser.add_argument("--adapter", help="measure this adapter's tiny model(s) instead of the toy stack")
-    parser.add_argument("--backend", default="aot_eager", choices=["aot_eager", "inductor"], help="compiler")
-    parser.add_argument("--depth", type=int, default=4, help="toy stack: blocks")
-    parser.add_argument("--dim", type=int, default=256, help="toy stack: width")
-    parser.add_argument("--heads", type=int, default=4, help="toy stack: attention heads")
-    parser.add_argument("--batch", type=int, default=4, help="toy stack: samples")
-    parser.add_argument("--tokens", type=int, default=128, help="toy stack: tokens per sample")
-    args = parser.parse_args(argv)
-    if args.adapter is None:
-        make = functools.partial(
-            toy_case, dim=args.dim, heads=args.heads, depth=args.depth, tokens=args.tokens, batch=args.batch
-        )
-        title = (
-            f"toy stack: {args.depth} blocks, width {args.dim}, {args.heads} heads, {args.batch}x{args.tokens} tokens"
-        )
-        print(format_table(compare_routes(make, blocks=["layers"], backend=args.backend), title))
-        return
-    spec = get_adapter(args.adapter)
-    for model_spec in spec.models:
-        if model_spec.tiny is None:
-            continue
-        title = f"{spec.name}: tiny {spec.model_label(model_spec)}"
-        if model_spec.compile_unsupported:
-            print(f"{title}\nskipped: torch.compile cannot train it (declared: {model_spec.compile_unsupported})\n")
-            continue
-        print(format_table(compare_routes(model_spec.tiny, adapter=spec, backend=args.backend), title))

@@ -126,7 +126,7 @@ class OffloadSession(torch.autograd.graph.saved_tensors_hooks):
         self._scope = _regions.session_scope()
         super().__init__(self._pack, self._unpack)
 
-    def __enter__(self) -> OffloadSession:
+    def __enter__(self) -> OffloadSession:  # pyright: ignore[reportIncompatibleMethodOverride]
         self._scope.__enter__()
         super().__enter__()
         return self
@@ -147,7 +147,7 @@ class OffloadSession(torch.autograd.graph.saved_tensors_hooks):
         if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride(), strict=True)):
             # An expanded view: its copy would materialize the expansion, on the host and again on return.
             return Kept.UNSUPPORTED
-        base = t._base if t._is_view() else t
+        base = t._base if t._is_view() and t._base is not None else t
         if isinstance(t, nn.Parameter) or isinstance(base, nn.Parameter) or (base.is_leaf and base.requires_grad):
             return Kept.PARAMETER
         reason = self._alive.get(storage_key(t))
@@ -215,11 +215,12 @@ class OffloadSession(torch.autograd.graph.saved_tensors_hooks):
     # -- backward --------------------------------------------------------------------------------
 
     def _unpack(self, packed: _KeptSave | _Offloaded) -> torch.Tensor:
-        if type(packed) is _KeptSave:
+        if isinstance(packed, _KeptSave):
             if packed.tensor._version != packed.version:
                 raise _modified(packed.tensor.shape, packed.version, packed.tensor._version)
             return packed.tensor
         handle = packed
+        out: torch.Tensor | None = None
         with self._lock:
             self._drain()
             reload = None
@@ -240,6 +241,7 @@ class OffloadSession(torch.autograd.graph.saved_tensors_hooks):
             self._prefetch()
         if reload is not None:
             out = handle.transport.finish_reload(reload)
+        assert out is not None  # the source was reused or a reload started
         return out
 
     def _prefetch(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ._common import human_bytes, human_flops
-from .bench import Row
+from .rows import Row
 
 
 def _percent(value: float | None) -> str:
@@ -118,23 +119,29 @@ def write_plot(path: Path, rows: Sequence[Row], env: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    measured = [r for r in rows if r.status == "ok" and r.recompute_overhead is not None]
-    adapters = list(dict.fromkeys(r.adapter for r in measured)) or ["(no rows measured)"]
-    fig, axes = plt.subplots(1, len(adapters), figsize=(5 * len(adapters), 4.2), squeeze=False)
+    measured = [(r, point) for r in rows if (point := _point(r)) is not None]
+    adapters = list(dict.fromkeys(r.adapter for r, _ in measured)) or ["(no rows measured)"]
+    fig, axes = plt.subplots(1, len(adapters), figsize=(5 * len(adapters), 4.2), dpi=_DPI, squeeze=False)
+    labels: dict[Any, list[_Label]] = {}
     for ax, adapter in zip(axes[0], adapters, strict=True):
-        models = list(dict.fromkeys(r.model for r in measured if r.adapter == adapter))
+        models = list(dict.fromkeys(r.model for r, _ in measured if r.adapter == adapter))
+        # Policies that land on the same point (e.g. full and the library's own, or one policy on two
+        # model classes) share one label, in the model's colour or grey where models share it.
+        shared: dict[tuple[float, float], tuple[list[str], set[str]]] = {}
         for index, model in enumerate(models):
-            points = [r for r in measured if r.adapter == adapter and r.model == model]
-            xs = [100 * r.recompute_overhead for r in points]
-            ys = [r.activation_peak_bytes / 2**20 for r in points]
-            ax.scatter(xs, ys, color=f"C{index}", label=model, zorder=3)
-            # Policies that land on the same point (e.g. full and the library's own) share one label.
-            labels: dict[tuple[float, float], list[str]] = {}
-            for r, x, y in zip(points, xs, ys, strict=True):
-                labels.setdefault((round(x, 3), round(y, 3)), []).append(r.label or "")
-            for (x, y), names in labels.items():
-                ax.annotate(", ".join(names), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
-        ax.margins(x=0.2, y=0.15)  # room for the labels
+            points = [(r, point) for r, point in measured if r.adapter == adapter and r.model == model]
+            ax.scatter(
+                [x for _, (x, _) in points], [y for _, (_, y) in points], color=f"C{index}", label=model, zorder=3
+            )
+            for r, (x, y) in points:
+                names, colors = shared.setdefault((round(x, 3), round(y, 3)), ([], set()))
+                names.append(r.label or "")
+                colors.add(f"C{index}")
+        labels[ax] = [
+            _Label(x, y, ", ".join(dict.fromkeys(names)), colors.pop() if len(colors) == 1 else "0.3")
+            for (x, y), (names, colors) in shared.items()
+        ]
+        ax.margins(x=0.25, y=0.15)  # room for the labels
         ax.set_title(adapter)
         ax.set_xlabel("recompute overhead (% FLOPs over none)")
         ax.set_ylabel("activation peak (MiB)")
@@ -143,5 +150,74 @@ def write_plot(path: Path, rows: Sequence[Row], env: dict[str, Any]) -> None:
             ax.legend(fontsize=7)
     fig.suptitle(f"ac-core bench: {env['device']}, {env['dtype']}, preset {env['preset']}")
     fig.tight_layout()
-    fig.savefig(path, format="png", dpi=100)
+    # Placed after the layout: label positions are worked out in display space, which the layout changes.
+    for ax, panel in labels.items():
+        _place_labels(ax, panel)
+    fig.savefig(path, format="png", dpi=_DPI)
     plt.close(fig)
+
+
+def _point(row: Row) -> tuple[float, float] | None:
+    """(recompute overhead in %, activation peak in MiB) of a measured row; None for one not measured."""
+    if row.status != "ok" or row.recompute_overhead is None or row.activation_peak_bytes is None:
+        return None
+    return 100 * row.recompute_overhead, row.activation_peak_bytes / 2**20
+
+
+_DPI = 100
+_GAP = 3.0  # pixels between a point and its label, and between labels
+
+
+@dataclass(frozen=True)
+class _Label:
+    x: float
+    y: float
+    text: str
+    color: str
+
+
+def _place_labels(ax: Any, labels: Sequence[_Label]) -> None:
+    """Annotate each point with its label where the label overlaps no other label, marker or the legend.
+
+    Top points first, each label takes the first free spot beside its point, right then left, then
+    further above or below it; a label moved off its point gets a thin line back to it.
+    """
+    from matplotlib.transforms import Bbox
+
+    renderer = ax.figure.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    points = [ax.transData.transform((label.x, label.y)) for label in labels]
+    taken = [Bbox.from_bounds(px - 4, py - 4, 8, 8) for px, py in points]  # the markers
+    legend = ax.get_legend()
+    if legend is not None:
+        taken.append(legend.get_window_extent(renderer))
+    for label, (px, py) in sorted(zip(labels, points, strict=True), key=lambda item: -item[1][1]):
+        probe = ax.figure.text(0, 0, label.text, fontsize=8)
+        size = probe.get_window_extent(renderer)
+        probe.remove()
+        line = size.height + _GAP
+        spots = [
+            Bbox.from_bounds(px + dx, py + dy, size.width, size.height)
+            for step in range(int(frame.height // line) + 1)
+            for dy in (_GAP + step * line, -line - step * line)
+            for dx in (_GAP + 2, -size.width - _GAP - 2)
+        ]
+        box = next((spot for spot in spots if _free(spot, frame, taken)), spots[0])
+        taken.append(box)
+        moved = not (py - line <= box.y0 <= py + _GAP)
+        ax.annotate(
+            label.text,
+            (label.x, label.y),
+            xytext=(box.x0 - px, box.y0 - py),
+            textcoords="offset pixels",
+            va="bottom",
+            fontsize=8,
+            color=label.color,
+            zorder=4,
+            arrowprops={"arrowstyle": "-", "color": label.color, "lw": 0.5, "shrinkA": 0} if moved else None,
+        )
+
+
+def _free(box: Any, frame: Any, taken: Sequence[Any]) -> bool:
+    inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+    return inside and not any(box.overlaps(other) for other in taken)

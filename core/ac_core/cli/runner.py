@@ -1,0 +1,212 @@
+"""How bench rows run: each model built once, each variant set up on it, measured, and undone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from statistics import median
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import _chain
+from ..checkpointing import apply_activation_checkpointing, checkpointed_blocks, remove_activation_checkpointing
+from ..library_checkpointing import (
+    SWITCHES,
+    disable_library_checkpointing,
+    enable_library_checkpointing,
+    library_switch,
+)
+from ..measure import StepMeasurement, compare_grads, measure_step, time_steps
+from ..offload import apply_activation_offload
+from ..ops import DEFAULT_RETAINED_OPS
+from ..spec import AdapterSpec, ModelCase, ModelSpec
+from ._common import ac_core_logs_to, build_case, missing_library, stderr, version_status
+from .rows import LIBRARY, NONE, Row, Variant
+
+
+class SkipRow(Exception):
+    """A row that cannot run on this model, with the reason."""
+
+
+class SaveOnCpu(_chain.ForwardLayer):
+    """The model's forward under torch's ``save_on_cpu(pin_memory=True)``: the synchronous offload baseline."""
+
+    kind = "bench_save_on_cpu"
+
+    def forward(self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            return call_next(*args, **kwargs)
+
+
+def setup(variant: Variant, model: nn.Module, adapter: AdapterSpec) -> str:
+    """Set ``model`` up for ``variant``; returns what was done, in words. Raises SkipRow if it cannot."""
+    if variant.policy == NONE:
+        if variant.offload is None:
+            return "no checkpointing"
+        apply_activation_offload(model, variant.offload, adapter=adapter)
+        return f"no checkpointing, offload from {variant.offload.min_tokens} tokens"
+    if variant.policy == LIBRARY:
+        switch = library_switch(model)
+        if switch is None:
+            names = ", ".join(f"{enable}()" for enable, _ in SWITCHES)
+            raise SkipRow(f"{type(model).__name__} has no library checkpointing ({names})")
+        try:
+            enable_library_checkpointing(model)
+        except (ValueError, NotImplementedError) as exc:
+            raise SkipRow(f"{switch[0]}() refused: {exc}") from None
+        return f"{switch[0]}()"
+    if variant.save_on_cpu:
+        device = next(model.parameters()).device
+        if device.type != "cuda":
+            raise SkipRow(f"save_on_cpu(pin_memory=True) needs CUDA (the model is on {device.type})")
+        apply_activation_checkpointing(model, variant.policy, adapter=adapter)
+        _chain.add(model, SaveOnCpu())
+        return f"{len(checkpointed_blocks(model))} blocks checkpointed, forward under save_on_cpu"
+    apply_activation_checkpointing(model, variant.policy, adapter=adapter, offload=variant.offload)
+    offloaded = f", offload from {variant.offload.min_tokens} tokens" if variant.offload else ""
+    return f"{len(checkpointed_blocks(model))} blocks checkpointed{offloaded}"
+
+
+def teardown(variant: Variant, model: nn.Module) -> None:
+    """Undo :func:`setup`, leaving ``model`` plain for the next row."""
+    if variant.policy == LIBRARY:
+        disable_library_checkpointing(model, level=None)
+        return
+    _chain.remove(model, SaveOnCpu.kind)
+    remove_activation_checkpointing(model)  # removes offload too
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every row of a run shares: the models' preset and size, where they run, and the steps measured."""
+
+    preset: str
+    layers: int | None
+    seq: int | None
+    device: torch.device
+    dtype: torch.dtype
+    steps: int
+    warmup: int
+
+    def steps_per_model(self, rows: int) -> int:
+        """Forward+backward passes one model costs: warm-up once, then per row one measured step and the timed."""
+        return self.warmup + rows * (1 + self.steps)
+
+
+def build(model: ModelSpec, settings: Settings) -> ModelCase:
+    """``model`` at the run's preset, on its device, in training mode."""
+    case = build_case(model, settings.preset, layers=settings.layers, seq=settings.seq)
+    current = next((p.dtype for p in case.model.parameters() if p.is_floating_point()), settings.dtype)
+    # Cast only a model built in another dtype: diffusers warns on any dtype passed to .to().
+    case.to(settings.device, settings.dtype if settings.dtype != current else None)
+    case.model.train()
+    return case
+
+
+def _fill(row: Row, measured: StepMeasurement, times: list[float], reference: tuple | None) -> None:
+    row.loss = measured.loss
+    row.activation_peak_bytes = measured.activation_peak_bytes
+    row.held_for_backward_bytes = measured.held_for_backward_bytes
+    row.flops = measured.flops
+    row.attention_flops = measured.attention_flops
+    row.attention_forward_calls = measured.attention_forward_calls
+    row.attention_recomputed = measured.attention_recomputed
+    row.step_times_s = times
+    row.step_time_s = median(times)
+    if reference is None:  # 'none' failed: nothing to compare with
+        return
+    ref_step, ref_time = reference
+    row.recompute_overhead = measured.flops / ref_step.flops - 1 if ref_step.flops else None
+    row.time_ratio = row.step_time_s / ref_time if ref_time else None
+    check = compare_grads(measured.grads, ref_step.grads)
+    row.grad_max_abs_diff, row.grad_ok = check.max_abs_diff, check.ok
+
+
+def model_rows(
+    adapter: AdapterSpec,
+    model: ModelSpec,
+    variants: Sequence[Variant],
+    settings: Settings,
+    advance: Callable[[int], None],
+) -> list[Row]:
+    """Build one model and measure every variant on it, 'none' first."""
+    label = adapter.model_label(model)
+    per_model = settings.steps_per_model(len(variants))
+    missing = missing_library(adapter)
+    if missing:
+        advance(per_model)
+        return [Row(adapter.name, label, None, None, "skipped", missing)]
+    supported, installed = version_status(model)
+    if not supported:
+        advance(per_model)
+        reason = f"installed {installed or 'nothing'}, adapter declares {model.versions}: {adapter.install_hint}"
+        return [Row(adapter.name, label, None, None, "skipped", reason)]
+    try:
+        case = build(model, settings)
+        # Warm up once, plain, so that lazily built state (caches, allocator pools) is not counted as
+        # activations; each row's timed steps then follow its measured step, which warms up its own path.
+        if settings.warmup:
+            time_steps(case, settings.warmup, on_step=lambda: advance(1))
+    except Exception as exc:
+        advance(per_model)
+        return [Row(adapter.name, label, None, None, "error", f"building the model failed: {exc!r}")]
+    tokens = adapter.token_count(case.model, case.inputs) if adapter.token_count else None
+    attention_ops = DEFAULT_RETAINED_OPS | adapter.retained_ops()
+    rows: list[Row] = []
+    reference = None
+    for variant in variants:
+        row = Row(adapter.name, label, variant.name, variant.label, "ok", tokens=tokens)
+        rows.append(row)
+        done = 0
+
+        def step_done() -> None:
+            nonlocal done
+            done += 1
+            advance(1)
+
+        try:
+            row.detail = setup(variant, case.model, adapter)
+            measured = measure_step(case, attention_ops, keep_grads=True)
+            step_done()
+            times = time_steps(case, settings.steps, on_step=step_done)
+        except SkipRow as exc:
+            row.status, row.reason = "skipped", str(exc)
+            continue
+        except Exception as exc:
+            row.status, row.reason = "error", repr(exc)
+            continue
+        finally:
+            advance(1 + settings.steps - done)
+            teardown(variant, case.model)
+        if variant.policy == NONE:
+            reference = (measured, median(times))
+        _fill(row, measured, times, reference)
+    return rows
+
+
+def run_rows(
+    selected: Sequence[tuple[AdapterSpec, Sequence[ModelSpec]]], variants: Sequence[Variant], settings: Settings
+) -> list[Row]:
+    """Every variant on every model of ``selected``, behind a progress bar on stderr that is gone once done."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    total = sum(len(models) for _, models in selected) * settings.steps_per_model(len(variants))
+    rows: list[Row] = []
+    err = stderr()
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
+    with progress, ac_core_logs_to(err):
+        task = progress.add_task("steps", total=total)
+        for adapter, models in selected:
+            for model in models:
+                progress.update(task, description=f"{adapter.name} {adapter.model_label(model)}")
+                rows.extend(model_rows(adapter, model, variants, settings, lambda n: progress.advance(task, n)))
+    return rows

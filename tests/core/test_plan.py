@@ -1,0 +1,77 @@
+"""resolve_blocks: one BlockPlan with every block, its container, index and class, and the excluded containers."""
+
+from __future__ import annotations
+
+import pytest
+from torch import nn
+
+from ac_core import AdapterError, AdapterSpec, ExcludedContainer, ModelSpec, model_blocks, resolve_blocks
+from ac_core.testing import TOY_ADAPTER, ToyBlock, ToyTransformer, toy_case
+
+
+class _TwoStacks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.ModuleList(ToyBlock(8, 2) for _ in range(3))
+        self.second = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+        self.refiner = nn.ModuleList(ToyBlock(8, 2) for _ in range(1))
+
+
+_SPEC = AdapterSpec(
+    name="two_stacks",
+    models=(
+        ModelSpec(
+            cls=f"{__name__}._TwoStacks",
+            containers=("first", "second"),
+            excluded=(ExcludedContainer("refiner", "one block over few tokens"), ExcludedContainer("gone", "absent")),
+            attention_calls={"ToyBlock": 1, "Linear": 0},
+        ),
+    ),
+)
+
+
+def test_plan_holds_every_block_with_its_container_index_class_and_attention():
+    model = _TwoStacks()
+    plan = resolve_blocks(model, _SPEC)
+    assert plan.adapter is _SPEC and plan.model_spec is _SPEC.models[0] and plan.model is model
+    assert [c.path for c in plan.containers] == ["first", "second"]
+    assert [(b.path, b.index, b.container, b.class_name, b.expects_attention) for b in plan] == [
+        ("first.0", 0, "first", "ToyBlock", True),
+        ("first.1", 1, "first", "ToyBlock", True),
+        ("first.2", 2, "first", "ToyBlock", True),
+        ("second.0", 0, "second", "Linear", False),
+        ("second.1", 1, "second", "Linear", False),
+    ]
+    assert plan.blocks[3].module is model.second[0]
+    assert len(plan) == 5 and plan.paths == {b.path for b in plan}
+    assert [(e.path, e.found, [n for n, _ in e.modules]) for e in plan.excluded] == [
+        ("refiner", True, ["refiner"]),
+        ("gone", False, []),
+    ]
+    assert plan.source == "adapter 'two_stacks'"
+
+
+def test_blocks_argument_needs_no_adapter():
+    plan = resolve_blocks(_TwoStacks(), blocks=["first"])
+    assert plan.adapter is None and plan.model_spec is None and plan.source == "blocks="
+    assert [b.path for b in plan] == ["first.0", "first.1", "first.2"]
+
+
+def test_adapter_by_name_by_ref_and_by_spec_resolve_alike():
+    model = ToyTransformer(depth=2)
+    by_spec = resolve_blocks(model, TOY_ADAPTER)
+    by_ref = resolve_blocks(model, "ac_core.testing:TOY_ADAPTER")
+    assert by_spec.adapter is by_ref.adapter is TOY_ADAPTER
+    assert [b.path for b in by_spec] == [b.path for b in by_ref] == ["layers.0", "layers.1"]
+    assert model_blocks(model, adapter=TOY_ADAPTER) == [(b.path, b.module) for b in by_spec]
+
+
+def test_the_serves_check_and_bad_adapter_arguments_are_said_once_here():
+    with pytest.raises(AdapterError, match=r"adapter 'two_stacks' does not serve ToyTransformer .*blocks=\["):
+        resolve_blocks(toy_case().model, _SPEC)
+    with pytest.raises(TypeError, match=r"adapter takes a registered adapter name .* got 123"):
+        resolve_blocks(toy_case().model, 123)  # type: ignore[arg-type]
+    with pytest.raises(AdapterError, match="cannot import module 'no_such_module'"):
+        resolve_blocks(toy_case().model, "no_such_module:SPEC")
+    with pytest.raises(TypeError, match=r"blocks=\['layers'\]"):
+        resolve_blocks(toy_case().model, blocks="layers")  # type: ignore[arg-type]
