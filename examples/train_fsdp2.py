@@ -68,7 +68,7 @@ def build(adapter: AdapterSpec, model_class: str | None) -> ModelCase:
         served = ", ".join(m.class_name for m in adapter.models if m.tiny is not None)
         raise SystemExit(f"adapter {adapter.name!r} has no tiny model {model_class!r}; it has: {served}")
     torch.manual_seed(0)  # the same weights and batch on every rank
-    return tiny[0].tiny()
+    return tiny[0].build_tiny()
 
 
 def shard(model: nn.Module, adapter: AdapterSpec, mesh) -> None:

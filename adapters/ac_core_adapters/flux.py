@@ -1,148 +1,20 @@
 """ac-core's adapter for the Flux image transformers of diffusers: FLUX.1, FLUX.2 and FLUX.3.
 
-Importing this module imports nothing of diffusers: the factories import it when called.
 Layouts read from diffusers 0.42.1; FLUX.1 and FLUX.2 checked identical in 0.41.0 and 0.42.0 (byte-identical
 model files), FLUX.3 in 0.42.0 (it is new in 0.42).
+
+The tiny models, preset and token count are in :mod:`ac_core_adapters.models.flux`; neither module
+imports diffusers until a factory is called.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from typing import Any
+from ac_core import AdapterSpec, ModelSpec
+from ac_core.libraries.diffusers import attention_backends, set_attention_backend
 
-import torch
-from torch import nn
+from .models.flux import token_count
 
-from ac_core import AdapterSpec, ModelCase, ModelSpec
-from ac_core.libraries.diffusers import attention_backends, sample_loss, set_attention_backend
-
-_TINY = {"num_attention_heads": 2, "attention_head_dim": 8, "joint_attention_dim": 16}
-
-
-def _ids(tokens: int, axes: int) -> torch.Tensor:
-    # Position ids only feed the rotary embedding; their values do not change which ops run.
-    return torch.arange(tokens * axes, dtype=torch.float32).reshape(tokens, axes) % 4
-
-
-def tiny_flux() -> ModelCase:
-    """FluxTransformer2DModel, guidance-distilled as FLUX.1-dev: 3 double, 3 single blocks, 16 image + 6 text tokens."""
-    from diffusers import FluxTransformer2DModel
-
-    torch.manual_seed(0)
-    model = FluxTransformer2DModel(
-        in_channels=8,
-        num_layers=3,
-        num_single_layers=3,
-        pooled_projection_dim=8,
-        guidance_embeds=True,
-        axes_dims_rope=(2, 2, 4),
-        **_TINY,
-    )
-    inputs = {
-        "hidden_states": torch.randn(1, 16, 8),
-        "encoder_hidden_states": torch.randn(1, 6, 16),
-        "pooled_projections": torch.randn(1, 8),
-        "timestep": torch.tensor([0.5]),
-        "img_ids": _ids(16, 3),
-        "txt_ids": _ids(6, 3),
-        "guidance": torch.tensor([3.5]),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
-
-
-def tiny_flux2() -> ModelCase:
-    """Flux2Transformer2DModel: 3 double, 3 single blocks, 16 image + 6 text tokens, no reference KV cache."""
-    from diffusers import Flux2Transformer2DModel
-
-    torch.manual_seed(0)
-    model = Flux2Transformer2DModel(
-        in_channels=8,
-        num_layers=3,
-        num_single_layers=3,
-        timestep_guidance_channels=16,
-        axes_dims_rope=(2, 2, 2, 2),
-        **_TINY,
-    )
-    inputs = {
-        "hidden_states": torch.randn(1, 16, 8),
-        "encoder_hidden_states": torch.randn(1, 6, 16),
-        "timestep": torch.tensor([0.5]),
-        "img_ids": _ids(16, 4),
-        "txt_ids": _ids(6, 4),
-        "guidance": torch.tensor([3.5]),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
-
-
-def tiny_flux3() -> ModelCase:
-    """Flux3Transformer2DModel: 3 blocks per mode and 3 single blocks; one forward runs every mode.
-
-    A reference image (``image_cond_hidden_states``) is given, so the image, image_cond and text mode
-    blocks all run before the single blocks.
-    """
-    from diffusers import Flux3Transformer2DModel
-
-    torch.manual_seed(0)
-    model = Flux3Transformer2DModel(
-        in_channels=8,
-        cond_in_channels=8,
-        num_layers=3,
-        num_single_layers=3,
-        timestep_channels=16,
-        axes_dims_rope=(2, 2, 2, 2),
-        **_TINY,
-    )
-    inputs = {
-        "hidden_states": torch.randn(1, 16, 8),
-        "encoder_hidden_states": torch.randn(1, 6, 16),
-        "timestep": torch.tensor([0.5]),
-        "img_ids": _ids(16, 4),
-        "txt_ids": _ids(6, 4),
-        "image_cond_hidden_states": torch.randn(1, 8, 8),
-        "image_cond_ids": _ids(8, 4),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
-
-
-def preset_flux1_dev(*, layers: int = 4, seq: int | None = None) -> ModelCase:
-    """FLUX.1-dev: ``layers`` double-stream and ``layers`` single-stream blocks at its width (24 heads of 128,
-    MLP ratio 4), guidance embedding on, float32 on CPU.
-
-    ``seq`` image tokens (default 4096: a 1024x1024 image is 128x128 latents, packed 2x2) form the
-    ``h x w`` grid with ``h = floor(sqrt(seq))`` and ``w = seq // h``; 512 text tokens of width 4096.
-    """
-    from diffusers import FluxTransformer2DModel
-
-    seq = 4096 if seq is None else seq
-    if seq < 1:
-        raise ValueError(f"seq must be a positive token count, got {seq}")
-    height = math.isqrt(seq)
-    width = seq // height
-    model = FluxTransformer2DModel(guidance_embeds=True, num_layers=layers, num_single_layers=layers)
-    rows, cols = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
-    inputs = {
-        "hidden_states": torch.randn(1, height * width, 64),
-        "encoder_hidden_states": torch.randn(1, 512, 4096),
-        "pooled_projections": torch.randn(1, 768),
-        "timestep": torch.tensor([0.5]),
-        "img_ids": torch.stack([torch.zeros(height * width), rows.flatten(), cols.flatten()], dim=1).float(),
-        "txt_ids": torch.zeros(512, 3),
-        "guidance": torch.tensor([3.5]),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
-
-
-def token_count(model: nn.Module, inputs: Mapping[str, Any]) -> int:
-    """Tokens of the batch's joint sequence: image, text and (FLUX.3) reference-image tokens."""
-    batch, image, _ = inputs["hidden_states"].shape
-    tokens = image + inputs["encoder_hidden_states"].shape[1]
-    if inputs.get("image_cond_hidden_states") is not None:
-        tokens += inputs["image_cond_hidden_states"].shape[1]
-    return batch * tokens
-
-
-_VERSIONS = "diffusers>=0.41,<0.43"
+VERSIONS = "diffusers>=0.41,<0.43"
 
 SPEC = AdapterSpec(
     name="flux",
@@ -153,16 +25,16 @@ SPEC = AdapterSpec(
             cls="diffusers.FluxTransformer2DModel",
             containers=("transformer_blocks", "single_transformer_blocks"),
             attention_calls={"FluxTransformerBlock": 1, "FluxSingleTransformerBlock": 1},
-            versions=_VERSIONS,
-            tiny=tiny_flux,
-            presets={"flux.1-dev": preset_flux1_dev},
+            versions=VERSIONS,
+            tiny="ac_core_adapters.models.flux:tiny_flux",
+            presets={"flux.1-dev": "ac_core_adapters.models.flux:preset_flux1_dev"},
         ),
         ModelSpec(
             cls="diffusers.Flux2Transformer2DModel",
             containers=("transformer_blocks", "single_transformer_blocks"),
             attention_calls={"Flux2TransformerBlock": 1, "Flux2SingleTransformerBlock": 1},
-            versions=_VERSIONS,
-            tiny=tiny_flux2,
+            versions=VERSIONS,
+            tiny="ac_core_adapters.models.flux:tiny_flux2",
         ),
         ModelSpec(
             cls="diffusers.Flux3Transformer2DModel",
@@ -170,7 +42,7 @@ SPEC = AdapterSpec(
             containers=("mode_blocks.*", "txt_mode_blocks", "single_transformer_blocks"),
             attention_calls={"Flux3ModeTransformerBlock": 1, "Flux3SingleTransformerBlock": 1},
             versions="diffusers>=0.42,<0.43",
-            tiny=tiny_flux3,
+            tiny="ac_core_adapters.models.flux:tiny_flux3",
         ),
     ),
     backends=attention_backends(),

@@ -1,24 +1,19 @@
 """ac-core's adapter for the HunyuanVideo transformers of diffusers: HunyuanVideo (both block variants), 1.5, FramePack.
 
-Importing this module imports nothing of diffusers: the factories import it when called.
 Layouts read from diffusers 0.42.1 and checked identical in 0.41.0 and 0.42.0 (byte-identical model files).
+
+The tiny models, preset and token count are in :mod:`ac_core_adapters.models.hunyuan`; neither module
+imports diffusers until a factory is called.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from typing import Any
+from ac_core import AdapterSpec, ExcludedContainer, ModelSpec
+from ac_core.libraries.diffusers import attention_backends, set_attention_backend
 
-import torch
-from torch import nn
-
-from ac_core import AdapterSpec, ExcludedContainer, ModelCase, ModelSpec
-from ac_core.libraries.diffusers import attention_backends, sample_loss, set_attention_backend, video_token_grid
+from .models.hunyuan import token_count
 
 VERSIONS = "diffusers>=0.41,<0.43"
-
-_TINY = {"num_attention_heads": 2, "attention_head_dim": 8, "num_refiner_layers": 2, "rope_axes_dim": (2, 2, 4)}
 
 # diffusers' own gradient checkpointing leaves the refiner out too (HunyuanVideo*Transformer3DModel.forward
 # checkpoints only transformer_blocks and single_transformer_blocks).
@@ -27,160 +22,6 @@ _REFINER = ExcludedContainer(
     "2 token-refiner blocks over the text tokens only (256 for HunyuanVideo): 512 block-tokens against the "
     "60 x 6496 of the video blocks at 6240 video tokens (0.13%), so checkpointing them would save next to nothing",
 )
-
-
-def _text_mask(tokens: int, padded: int) -> torch.Tensor:
-    mask = torch.ones(1, tokens, dtype=torch.bool)
-    mask[:, tokens - padded :] = False
-    return mask
-
-
-def _tiny_hunyuan_video(image_condition_type: str | None) -> ModelCase:
-    from diffusers import HunyuanVideoTransformer3DModel
-
-    torch.manual_seed(0)
-    model = HunyuanVideoTransformer3DModel(
-        in_channels=4,
-        out_channels=4,
-        num_layers=3,
-        num_single_layers=3,
-        text_embed_dim=16,
-        pooled_projection_dim=8,
-        image_condition_type=image_condition_type,
-        **_TINY,
-    )
-    inputs = {
-        "hidden_states": torch.randn(1, 4, 2, 8, 8),
-        "timestep": torch.tensor([500]),
-        "encoder_hidden_states": torch.randn(1, 6, 16),
-        "encoder_attention_mask": _text_mask(6, padded=2),
-        "pooled_projections": torch.randn(1, 8),
-        "guidance": torch.tensor([3000.0]),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
-
-
-def tiny_hunyuan_video() -> ModelCase:
-    """HunyuanVideoTransformer3DModel, plain blocks: 3 double-stream, 3 single-stream, 2 refiner blocks; padded text."""
-    return _tiny_hunyuan_video(None)
-
-
-def tiny_hunyuan_video_token_replace() -> ModelCase:
-    """The same with ``image_condition_type="token_replace"`` (HunyuanVideo-I2V), whose blocks are TokenReplace ones."""
-    return _tiny_hunyuan_video("token_replace")
-
-
-def tiny_hunyuan_video_15() -> ModelCase:
-    """HunyuanVideo15Transformer3DModel: 3 blocks, 2 refiner blocks; image, ByT5 and padded text tokens."""
-    from diffusers import HunyuanVideo15Transformer3DModel
-
-    torch.manual_seed(0)
-    model = HunyuanVideo15Transformer3DModel(
-        in_channels=4,
-        out_channels=4,
-        num_layers=3,
-        patch_size=1,
-        text_embed_dim=16,
-        text_embed_2_dim=8,
-        image_embed_dim=8,
-        **_TINY,
-    )
-    inputs = {
-        "hidden_states": torch.randn(1, 4, 2, 4, 4),
-        "timestep": torch.tensor([500.0]),
-        "encoder_hidden_states": torch.randn(1, 6, 16),
-        "encoder_attention_mask": _text_mask(6, padded=2),
-        "encoder_hidden_states_2": torch.randn(1, 3, 8),
-        "encoder_attention_mask_2": _text_mask(3, padded=1),
-        "image_embeds": torch.randn(1, 2, 8),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
-
-
-def tiny_framepack() -> ModelCase:
-    """HunyuanVideoFramepackTransformer3DModel: 3 double, 3 single, 2 refiner blocks; clean, 2x and 4x history."""
-    from diffusers import HunyuanVideoFramepackTransformer3DModel
-
-    torch.manual_seed(0)
-    model = HunyuanVideoFramepackTransformer3DModel(
-        in_channels=4,
-        out_channels=4,
-        num_layers=3,
-        num_single_layers=3,
-        text_embed_dim=16,
-        pooled_projection_dim=8,
-        has_image_proj=True,
-        image_proj_dim=8,
-        has_clean_x_embedder=True,
-        **_TINY,
-    )
-    # The forward needs every history input: it reads their rotary embeddings unconditionally.
-    inputs = {
-        "hidden_states": torch.randn(1, 4, 2, 8, 8),
-        "timestep": torch.tensor([500]),
-        "encoder_hidden_states": torch.randn(1, 6, 16),
-        "encoder_attention_mask": _text_mask(6, padded=2),
-        "pooled_projections": torch.randn(1, 8),
-        "image_embeds": torch.randn(1, 2, 8),
-        "indices_latents": torch.tensor([3, 4]),
-        "guidance": torch.tensor([3000.0]),
-        "latents_clean": torch.randn(1, 4, 1, 8, 8),
-        "indices_latents_clean": torch.tensor([0]),
-        "latents_history_2x": torch.randn(1, 4, 2, 8, 8),
-        "indices_latents_history_2x": torch.tensor([1, 2]),
-        "latents_history_4x": torch.randn(1, 4, 4, 8, 8),
-        "indices_latents_history_4x": torch.tensor([5, 6, 7, 8]),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
-
-
-def preset_hunyuan_video(*, layers: int = 4, seq: int | None = None) -> ModelCase:
-    """HunyuanVideo: ``layers`` double-stream and ``layers`` single-stream blocks at its width (24 heads of 128,
-    MLP ratio 4), the 2 refiner blocks, float32 on CPU.
-
-    ``seq`` video tokens (default 6240 = 4 latent frames of 480x832, as the Wan presets) map to latent frames of
-    30x52 tokens (60x104 latents, 2x2 patches), or to one smaller frame near that aspect below 1560 tokens.
-    256 text tokens of width 4096, the last 56 of them padding.
-    """
-    from diffusers import HunyuanVideoTransformer3DModel
-
-    frames, height, width = video_token_grid(6240 if seq is None else seq)
-    model = HunyuanVideoTransformer3DModel(num_layers=layers, num_single_layers=layers)
-    inputs = {
-        "hidden_states": torch.randn(1, 16, frames, 2 * height, 2 * width),
-        "timestep": torch.tensor([500]),
-        "encoder_hidden_states": torch.randn(1, 256, 4096),
-        "encoder_attention_mask": _text_mask(256, padded=56),
-        "pooled_projections": torch.randn(1, 768),
-        "guidance": torch.tensor([6000.0]),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
-
-
-def _video_tokens(latents: torch.Tensor, patch: tuple[int, int, int]) -> int:
-    _, _, frames, height, width = latents.shape
-    return math.prod(-(-size // p) for size, p in zip((frames, height, width), patch, strict=True))
-
-
-def token_count(model: nn.Module, inputs: Mapping[str, Any]) -> int:
-    """Tokens of the batch's joint sequence as the blocks see it: video (with FramePack's history) and text."""
-    config = model.config
-    patch = (config.patch_size_t, config.patch_size, config.patch_size)
-    latents = inputs["hidden_states"]
-    batch = latents.shape[0]
-    video = _video_tokens(latents, patch)
-    text = inputs["encoder_hidden_states"].shape[1]
-    if "encoder_hidden_states_2" in inputs:  # 1.5: image, ByT5 and MLLM tokens, padding included
-        text += inputs["encoder_hidden_states_2"].shape[1] + inputs["image_embeds"].shape[1]
-    if "latents_clean" in inputs:  # FramePack: history latents at 1x, 2x and 4x patches, then image tokens
-        for key, scale in (("latents_clean", 1), ("latents_history_2x", 2), ("latents_history_4x", 4)):
-            if inputs.get(key) is not None:
-                video += _video_tokens(inputs[key], tuple(p * scale for p in patch))
-        if batch == 1:  # a single sample's text is cut to its unpadded length
-            text = int(inputs["encoder_attention_mask"].sum())
-        text += inputs["image_embeds"].shape[1]
-    return batch * (video + text)
-
 
 _CONTAINERS = ("transformer_blocks", "single_transformer_blocks")
 _HV_CALLS = {
@@ -201,8 +42,8 @@ SPEC = AdapterSpec(
             excluded=(_REFINER,),
             attention_calls=_HV_CALLS,
             versions=VERSIONS,
-            tiny=tiny_hunyuan_video,
-            presets={"hunyuanvideo": preset_hunyuan_video},
+            tiny="ac_core_adapters.models.hunyuan:tiny_hunyuan_video",
+            presets={"hunyuanvideo": "ac_core_adapters.models.hunyuan:preset_hunyuan_video"},
         ),
         # The same class again, so that the token-replace variant's blocks go through every check too;
         # both entries declare the same containers, so either serves a model of this class.
@@ -212,7 +53,7 @@ SPEC = AdapterSpec(
             excluded=(_REFINER,),
             attention_calls=_HV_CALLS,
             versions=VERSIONS,
-            tiny=tiny_hunyuan_video_token_replace,
+            tiny="ac_core_adapters.models.hunyuan:tiny_hunyuan_video_token_replace",
         ),
         ModelSpec(
             cls="diffusers.HunyuanVideo15Transformer3DModel",
@@ -220,7 +61,7 @@ SPEC = AdapterSpec(
             excluded=(_REFINER,),
             attention_calls={"HunyuanVideo15TransformerBlock": 1},
             versions=VERSIONS,
-            tiny=tiny_hunyuan_video_15,
+            tiny="ac_core_adapters.models.hunyuan:tiny_hunyuan_video_15",
         ),
         ModelSpec(
             cls="diffusers.HunyuanVideoFramepackTransformer3DModel",
@@ -228,7 +69,7 @@ SPEC = AdapterSpec(
             excluded=(_REFINER,),
             attention_calls={"HunyuanVideoTransformerBlock": 1, "HunyuanVideoSingleTransformerBlock": 1},
             versions=VERSIONS,
-            tiny=tiny_framepack,
+            tiny="ac_core_adapters.models.hunyuan:tiny_framepack",
         ),
     ),
     # HunyuanVideo and 1.5 always pass a text padding mask (FramePack does for batches above 1).

@@ -11,8 +11,9 @@ Opt in one of two ways (the model is pandas' ``tests/extension/base`` and fsspec
   in a test module and set ``adapter`` to an AdapterSpec, its registered name, or ``"module:attr"``;
 * or name the adapter to pytest: ``pytest --pyargs ac_core_conformance --ac-core-adapter NAME``.
 
-The checks run for every model class the adapter serves (built by its ``tiny`` factory), under
-``full``, ``ops`` and ``block_skip`` (n_layer=2), on CPU and, where present, CUDA:
+The checks run for every model class the adapter serves (built by its ``tiny`` factory), under every
+registered policy at its defaults (``Full()``, ``Ops()``, ``BlockSkip(every=2)``; a test class may set
+``policies``), on CPU and, where present, CUDA:
 
 1. coverage: exactly the declared blocks are checkpointed; a container of blocks that is neither
    declared nor declared excluded fails by name;
@@ -47,8 +48,8 @@ _EXPORTS = {
     "LibraryCheckpointingTests": "suite",
     "MemoryTests": "suite",
     "NameTests": "suite",
-    "POLICIES": "suite",
     "DEVICES": "suite",
+    "default_policies": "policies",
     "Subject": "subjects",
     "load_adapter": "subjects",
     "portable_ref": "subjects",
@@ -71,7 +72,7 @@ _EXPORTS = {
     "check_save_pretrained": "checks",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # pyright: ignore[reportUnsupportedDunderAll]  # the lazy exports above
 
 
 def __getattr__(name: str) -> Any:

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
 from torch import nn
+from torch.multiprocessing.spawn import ProcessContext, ProcessExitedException, start_processes
 
-from ac_core import AdapterSpec, ModelCase, apply_activation_checkpointing
-from ac_core._containers import resolve_containers
+from ac_core import AdapterSpec, ModelCase, apply_activation_checkpointing, observe_retention
 
-from .probes import record_retained
+from .policies import Policy, as_policy
 from .subjects import Subject, load_adapter
 from .training import STEP_SEED, build
 
@@ -63,25 +62,22 @@ class StepResult:
     retained_ops: frozenset[str]
 
 
-def _shard_blocks(model: nn.Module, adapter: AdapterSpec) -> None:
+def _shard_blocks(model: nn.Module, subject: Subject) -> None:
     from torch.distributed.fsdp import fully_shard
 
-    model_spec = adapter.model_spec(model)
-    assert model_spec is not None
-    for _, blocks in resolve_containers(model, model_spec.containers, adapter.name):
-        for _, block in blocks:
-            fully_shard(block)
+    for block in subject.plan(model):
+        fully_shard(block.module)
     fully_shard(model)
 
 
-def _one_step(subject: Subject, policy: str | None, n_layer: int) -> dict[str, Any]:
+def _one_step(subject: Subject, policy: Policy | None) -> dict[str, Any]:
     from torch.distributed.tensor import DTensor
 
     case = build(subject)
-    with record_retained() as retained:
+    with observe_retention() as retained:
         if policy is not None:
-            apply_activation_checkpointing(case.model, policy, n_layer, adapter=subject.adapter)
-        _shard_blocks(case.model, subject.adapter)
+            apply_activation_checkpointing(case.model, as_policy(policy), adapter=subject.adapter)
+        _shard_blocks(case.model, subject)
         torch.manual_seed(STEP_SEED)
         loss = case.run()
         loss.backward()
@@ -99,8 +95,7 @@ def _worker(
     tmp: str,
     adapter_ref: str,
     model_cls: str | int,
-    policies: Sequence[str | None],
-    n_layer: int,
+    policies: Sequence[Policy | None],
 ) -> None:
     import torch.distributed as dist
 
@@ -108,7 +103,7 @@ def _worker(
     # another check running in parallel (pytest-xdist), and a rank that joins the wrong group crashes.
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world)
     subject = subject_for(adapter_ref, model_cls)
-    results = [_one_step(subject, policy, n_layer) for policy in policies]
+    results = [_one_step(subject, policy) for policy in policies]
     if rank == 0:
         torch.save(results, os.path.join(tmp, _RESULT))
     # No rank tears gloo down while another is still in a collective.
@@ -142,11 +137,11 @@ def _run_ranks(worker: Callable[..., None], args: tuple, world: int, timeout: fl
     raises fails it at once.
     """
     first = _attempt(worker, args, world, timeout)
-    if not isinstance(first, mp.ProcessExitedException):
+    if not isinstance(first, ProcessExitedException):
         return first
     warnings.warn(f"an FSDP2 rank crashed ({first}); running the ranks once more", RuntimeWarning, stacklevel=2)
     second = _attempt(worker, args, world, timeout)
-    if isinstance(second, mp.ProcessExitedException):
+    if isinstance(second, ProcessExitedException):
         raise RuntimeError(
             f"FSDP2 ranks crashed twice in a row ({first}; then {second}): a crash in torch.distributed or a "
             "native kernel, not an assertion of this check"
@@ -156,19 +151,20 @@ def _run_ranks(worker: Callable[..., None], args: tuple, world: int, timeout: fl
 
 def _attempt(
     worker: Callable[..., None], args: tuple, world: int, timeout: float
-) -> list[dict[str, Any]] | mp.ProcessExitedException:
+) -> list[dict[str, Any]] | ProcessExitedException:
     with tempfile.TemporaryDirectory() as tmp:
-        context = mp.start_processes(worker, args=(world, tmp, *args), nprocs=world, start_method="spawn", join=False)
+        context = start_processes(worker, args=(world, tmp, *args), nprocs=world, start_method="spawn", join=False)
+        assert context is not None  # join=False returns the context to join
         try:
             _join(context, timeout)
-        except mp.ProcessExitedException as exc:
+        except ProcessExitedException as exc:
             if not all(os.path.exists(_done_marker(tmp, r)) for r in range(world)):
                 return exc
             # Every rank passed the final barrier: a crash after it cannot change the results.
         return torch.load(os.path.join(tmp, _RESULT))
 
 
-def _join(context: mp.ProcessContext, timeout: float) -> None:
+def _join(context: ProcessContext, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not context.join(timeout=max(0.0, min(5.0, deadline - time.monotonic()))):
         if time.monotonic() >= deadline:
@@ -181,27 +177,24 @@ def _join(context: mp.ProcessContext, timeout: float) -> None:
 def fsdp_steps(
     adapter_ref: str,
     model_cls: str | int,
-    policies: Sequence[str | None],
-    n_layer: int = 1,
+    policies: Sequence[Policy | None],
     world: int = 2,
     timeout: float = FSDP_TIMEOUT_S,
-) -> dict[str | None, StepResult]:
+) -> dict[Policy | None, StepResult]:
     """One FSDP2 step per policy (``None``: no checkpointing), each on a fresh model, in one set of ``world`` ranks.
 
     Every block of the declared containers and the root are ``fully_shard``-ed after the policy is applied.
     """
-    data = _run_ranks(_worker, (adapter_ref, model_cls, list(policies), n_layer), world, timeout)
+    data = _run_ranks(_worker, (adapter_ref, model_cls, list(policies)), world, timeout)
     return {
         policy: StepResult(d["loss"], d["grads"], frozenset(d["retained"]))
         for policy, d in zip(policies, data, strict=True)
     }
 
 
-def fsdp_step(
-    adapter_ref: str, model_cls: str | int, policy: str | None, n_layer: int = 1, world: int = 2
-) -> StepResult:
+def fsdp_step(adapter_ref: str, model_cls: str | int, policy: Policy | None, world: int = 2) -> StepResult:
     """Loss, full gradients and retained op names of one step under FSDP2 on ``world`` CPU processes."""
-    return fsdp_steps(adapter_ref, model_cls, [policy], n_layer, world)[policy]
+    return fsdp_steps(adapter_ref, model_cls, [policy], world)[policy]
 
 
 def single_step(adapter_ref: str, model_cls: str | int) -> StepResult:

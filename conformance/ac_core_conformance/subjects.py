@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 
-from ac_core import ENTRY_POINT_GROUP, AdapterError, AdapterSpec, ModelSpec, get_adapter, registered_adapters
+from torch import nn
+
+from ac_core import (
+    ENTRY_POINT_GROUP,
+    AdapterError,
+    AdapterSpec,
+    BlockPlan,
+    ModelSpec,
+    get_adapter,
+    registered_adapters,
+    resolve_blocks,
+)
+from ac_core.refs import is_ref
 
 AdapterRef = AdapterSpec | str
 """An adapter as the suite accepts it: the spec itself, its registered name, or ``"module:attr"``."""
@@ -15,26 +26,10 @@ AdapterRef = AdapterSpec | str
 
 def load_adapter(ref: AdapterRef) -> AdapterSpec:
     """The AdapterSpec ``ref`` names: a spec (returned as is), a registered name, or ``"module:attr"``."""
-    if isinstance(ref, AdapterSpec):
-        return ref
-    if not isinstance(ref, str) or not ref:
+    # get_adapter also finds one from a model; the suite is always told which adapter to check.
+    if not isinstance(ref, (AdapterSpec, str)) or not ref:
         raise TypeError(f"an adapter is an AdapterSpec, a registered name or 'module:attr', got {ref!r}")
-    if ":" not in ref:
-        return get_adapter(ref)
-    module_name, _, attr = ref.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise AdapterError(f"adapter {ref!r}: cannot import module {module_name!r} ({exc})") from exc
-    try:
-        spec = getattr(module, attr)
-    except AttributeError:
-        raise AdapterError(f"adapter {ref!r}: module {module_name!r} has no attribute {attr!r}") from None
-    if callable(spec) and not isinstance(spec, AdapterSpec):
-        spec = spec()
-    if not isinstance(spec, AdapterSpec):
-        raise AdapterError(f"adapter {ref!r} is a {type(spec).__name__}, not an AdapterSpec")
-    return spec
+    return get_adapter(ref)
 
 
 def _entry_point_names() -> set[str]:
@@ -64,7 +59,7 @@ def portable_ref(ref: AdapterRef) -> str:
     inside a function (or a name registered only with ``register_adapter``) cannot be found from
     another process: define it at module level, or give the suite its ``"module:attr"``.
     """
-    if isinstance(ref, str) and ":" in ref:
+    if isinstance(ref, str) and is_ref(ref):
         return ref
     spec = load_adapter(ref)
     if spec.name in _entry_point_names() and registered_adapters().get(spec.name) is spec:
@@ -99,6 +94,10 @@ class Subject:
         """``adapter-ModelClass``, as test ids show it; ``adapter-ModelClass-factory`` where the adapter
         declares the class more than once (e.g. one spec per block variant)."""
         return f"{self.adapter.name}-{self.adapter.model_label(self.model)}"
+
+    def plan(self, model: nn.Module) -> BlockPlan:
+        """``model``'s blocks as this subject's ModelSpec declares them (not another spec of the same class)."""
+        return resolve_blocks(model, replace(self.adapter, models=(self.model,)))
 
 
 def subjects_of(ref: AdapterRef) -> list[Subject]:

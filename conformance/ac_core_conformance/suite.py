@@ -1,7 +1,8 @@
 """The conformance suite as pytest classes: subclass one, point it at an adapter, and pytest runs the checks.
 
 Every test is parametrized, by :meth:`AdapterTests.pytest_generate_tests`, over what its arguments
-name: ``subject`` (adapter x model class), ``policy``, ``recompute_policy``, ``device`` (``cuda``
+name: ``subject`` (adapter x model class), ``policy`` (every policy of :attr:`AdapterTests.policies`),
+``recompute_policy`` (those of them that recompute attention: all but ``Ops``), ``device`` (``cuda``
 marked and skipped where absent), ``retainable_backend`` / ``unretainable_backend`` (the adapter's
 declared backends of that kind) and ``attention_context`` (see ``attention_contexts``).
 """
@@ -15,6 +16,8 @@ from typing import Any
 
 import pytest
 import torch
+
+from ac_core import PolicyConfig
 
 from .checks import (
     AttentionContext,
@@ -34,12 +37,8 @@ from .checks import (
     no_context,
     offload_context,
 )
+from .policies import Policy, as_policy, default_policies, recomputes_attention
 from .subjects import AdapterRef, Subject, subjects_of
-
-POLICIES = ("full", "ops", "block_skip")
-"""The policies every check runs under (``block_skip`` with ``n_layer``)."""
-
-RECOMPUTE_POLICIES = ("full", "block_skip")
 
 DEVICES = ("cpu", "cuda")
 """CPU always; CUDA where present (tests marked ``cuda``)."""
@@ -75,8 +74,9 @@ class AdapterTests:
     """
 
     adapter: AdapterRef | None = None
-    n_layer: int = 2
-    """``block_skip`` checkpoints blocks 0, n_layer, 2*n_layer, ... of each container."""
+    policies: Sequence[Policy] | None = None
+    """Policy configs (or registered names) the checks run under; None: every registered policy at its
+    defaults (``Full()``, ``Ops()``, ``BlockSkip(every=2)``, then any registered later)."""
     devices: Sequence[str] = DEVICES
     compile_backend: str | None = None
     """torch.compile backend of check 6; None: ``--ac-core-compile-backend``, ``$AC_CORE_COMPILE_BACKEND``,
@@ -92,9 +92,13 @@ class AdapterTests:
             return [self.adapter]
         return list(config.getoption(ADAPTER_OPTION, None) or [])
 
+    def _policies(self) -> tuple[PolicyConfig, ...]:
+        return default_policies() if self.policies is None else tuple(map(as_policy, self.policies))
+
     def _dimension(self, name: str, subject: Subject) -> list[Any]:
         if name in ("policy", "recompute_policy"):
-            return [pytest.param(p, id=p) for p in (POLICIES if name == "policy" else RECOMPUTE_POLICIES)]
+            chosen = [p for p in self._policies() if name == "policy" or recomputes_attention(p)]
+            return [pytest.param(p, id=p.name) for p in chosen]
         if name == "device":
             return [_device_param(d) for d in self.devices]
         if name in ("retainable_backend", "unretainable_backend"):
@@ -127,18 +131,18 @@ class AdapterTests:
 class CoverageTests(AdapterTests):
     """Check 1: exactly the declared blocks are checkpointed; no container of blocks goes unnoticed."""
 
-    def test_coverage(self, subject: Subject, policy: str) -> None:
-        check_coverage(subject, policy, n_layer=self.n_layer)
+    def test_coverage(self, subject: Subject, policy: PolicyConfig) -> None:
+        check_coverage(subject, policy)
 
 
 class GradientTests(AdapterTests):
     """Check 2: loss and every gradient equal the plain model's, with dropout too."""
 
-    def test_gradients(self, subject: Subject, policy: str, device: str) -> None:
-        check_gradients(subject, policy, device, n_layer=self.n_layer)
+    def test_gradients(self, subject: Subject, policy: PolicyConfig, device: str) -> None:
+        check_gradients(subject, policy, device)
 
-    def test_gradients_with_dropout(self, subject: Subject, policy: str, device: str) -> None:
-        check_gradients_with_dropout(subject, policy, device, n_layer=self.n_layer)
+    def test_gradients_with_dropout(self, subject: Subject, policy: PolicyConfig, device: str) -> None:
+        check_gradients_with_dropout(subject, policy, device)
 
 
 class AttentionTests(AdapterTests):
@@ -150,8 +154,8 @@ class AttentionTests(AdapterTests):
         context = self.attention_contexts[attention_context]
         check_attention_retained(subject, retainable_backend, device, context=context)
 
-    def test_attention_recomputed(self, subject: Subject, recompute_policy: str, device: str) -> None:
-        check_attention_recomputed(subject, recompute_policy, device, n_layer=self.n_layer)
+    def test_attention_recomputed(self, subject: Subject, recompute_policy: PolicyConfig, device: str) -> None:
+        check_attention_recomputed(subject, recompute_policy, device)
 
     def test_not_retainable_backend_warns_and_trains(
         self, subject: Subject, unretainable_backend: str, device: str
@@ -163,7 +167,7 @@ class MemoryTests(AdapterTests):
     """Check 4: bytes held for backward, full < ops < none; the figures are printed (``-s`` or ``-rA``)."""
 
     def test_memory(self, subject: Subject, device: str) -> None:
-        held = check_memory(subject, device, n_layer=self.n_layer)
+        held = check_memory(subject, device, policies=self._policies())
         figures = "  ".join(f"{policy}={n:,} B" for policy, n in held.items())
         print(f"ac-core held for backward, {subject.id} on {device}: {figures}")
 
@@ -171,33 +175,33 @@ class MemoryTests(AdapterTests):
 class NameTests(AdapterTests):
     """Check 5: names unchanged; save_pretrained/from_pretrained round trip where the model has them."""
 
-    def test_names(self, subject: Subject, policy: str) -> None:
-        check_names(subject, policy, n_layer=self.n_layer)
+    def test_names(self, subject: Subject, policy: PolicyConfig) -> None:
+        check_names(subject, policy)
 
-    def test_save_pretrained_round_trip(self, subject: Subject, policy: str) -> None:
-        check_save_pretrained(subject, policy, n_layer=self.n_layer)
+    def test_save_pretrained_round_trip(self, subject: Subject, policy: PolicyConfig) -> None:
+        check_save_pretrained(subject, policy)
 
 
 class CompileTests(AdapterTests):
     """Check 6: torch.compile of the checkpointed model trains like eager."""
 
-    def test_compile(self, subject: Subject, policy: str, device: str, request: pytest.FixtureRequest) -> None:
+    def test_compile(self, subject: Subject, policy: PolicyConfig, device: str, request: pytest.FixtureRequest) -> None:
         backend = compile_backend(self.compile_backend or request.config.getoption(COMPILE_BACKEND_OPTION, None))
-        check_compile(subject, policy, device, backend=backend, n_layer=self.n_layer)
+        check_compile(subject, policy, device, backend=backend)
 
 
 class FSDPTests(AdapterTests):
     """Check 7: FSDP2 on two gloo ranks equals a single plain process, for every policy."""
 
     def test_fsdp2(self, subject: Subject) -> None:
-        check_fsdp(subject, POLICIES, n_layer=self.n_layer)
+        check_fsdp(subject, self._policies())
 
 
 class LibraryCheckpointingTests(AdapterTests):
     """Check 8: the library's own gradient checkpointing is turned off with a warning, and training is right."""
 
-    def test_library_checkpointing_taken_over(self, subject: Subject, policy: str) -> None:
-        check_library_checkpointing(subject, policy, n_layer=self.n_layer)
+    def test_library_checkpointing_taken_over(self, subject: Subject, policy: PolicyConfig) -> None:
+        check_library_checkpointing(subject, policy)
 
 
 class AdapterConformance(
@@ -219,7 +223,6 @@ class AdapterConformance(
 
 __all__ = [
     "DEVICES",
-    "POLICIES",
     "AdapterConformance",
     "AdapterTests",
     "AttentionTests",

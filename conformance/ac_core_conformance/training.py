@@ -73,9 +73,8 @@ def build(subject: Subject, device: str = "cpu", *, backend: str | None = None) 
     """The subject's tiny model (seeded, float32, train mode) with its inputs, on ``device`` and ``backend``."""
     require_device(device)
     require_tiny(subject)
-    assert subject.model.tiny is not None
     torch.manual_seed(SEED)
-    case = subject.model.tiny()
+    case = subject.model.build_tiny()
     if not isinstance(case, ModelCase):
         raise AssertionError(
             f"{subject.id}: the tiny factory returned a {type(case).__name__}, not an ac_core.ModelCase"
@@ -114,7 +113,7 @@ def assert_same_step(actual: Step, expected: Step, tolerance: Tolerance, what: s
     # A parameter no loss path reaches has no gradient in eager and a zero one from a compiled backward:
     # the same fact. Any other gradient on one side only is a difference.
     one_sided = actual.grads.keys() ^ expected.grads.keys()
-    nonzero = sorted(n for n in one_sided if (actual.grads.get(n, expected.grads.get(n))).any())
+    nonzero = sorted(n for n in one_sided if (actual.grads[n] if n in actual.grads else expected.grads[n]).any())
     if nonzero:
         missing = [n for n in nonzero if n not in actual.grads]
         extra = [n for n in nonzero if n not in expected.grads]

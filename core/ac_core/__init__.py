@@ -47,9 +47,10 @@ from .policies import (
     policy_config,
     register_policy,
     registered_policies,
+    select,
 )
 from .policy import CheckpointType, resolve_checkpointing_type
-from .refs import load_ref
+from .refs import is_ref, load_ref
 from .registry import (
     ENTRY_POINT_GROUP,
     get_adapter,
@@ -100,6 +101,7 @@ __all__ = [
     "compile",
     "get_adapter",
     "is_activation_checkpointed",
+    "is_ref",
     "last_offload_stats",
     "load_ref",
     "model_blocks",
@@ -122,6 +124,7 @@ __all__ = [
     "sac_aot_eager",
     "sac_inductor_options",
     "sac_partition",
+    "select",
     "unregister_adapter",
     "use_offload_transport",
 ]

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 from . import _chain
@@ -36,6 +37,33 @@ def _has_active_randomness(block: nn.Module) -> bool:
             if isinstance(value, float) and value > 0:
                 return True
     return False
+
+
+def _draws_random(func: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
+    """Whether this op call consumes the generator: tagged ``nondeterministic_seeded`` (dropout, rand,
+    bernoulli, the SDPA kernels) and, where it takes a dropout probability, called with one above 0."""
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return False
+    # Every SDPA kernel carries the tag for its dropout_p, which training almost always passes as 0.
+    for index, argument in enumerate(func._schema.arguments):
+        if argument.name in ("dropout_p", "p"):
+            value = kwargs.get(argument.name, args[index] if index < len(args) else argument.default_value)
+            return not isinstance(value, (int, float)) or value != 0
+    return True
+
+
+class _RandomOps(TorchDispatchMode):
+    """Notes whether any op that draws from the random generator runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if not self.seen and _draws_random(func, args, kwargs):
+            self.seen = True
+        return func(*args, **kwargs)
 
 
 def _call_by_position(call_next: Callable[..., Any], names: tuple[str, ...], *args: Any) -> Any:
@@ -70,12 +98,38 @@ class CheckpointLayer(_chain.ForwardLayer):
         self.retained = retained
         self.path = path
         self.expects_attention = expects_attention
+        # Training mode -> whether the block's first forward in that mode ran a random op.
+        self.random_ops: dict[bool, bool] = {}
+
+    def _rng_options(self, module: nn.Module) -> tuple[bool, _RandomOps | None]:
+        """(preserve_rng_state, detector to run this call under, if any).
+
+        RNG state is kept as torch keeps it by default, and skipped only where the block's first forward
+        in this training mode ran no random op, checked at the dispatcher (a dropout with p in a plain
+        attribute, F.dropout, torch.rand for stochastic depth all count), and no dropout module has
+        since been switched on. Keeping it copies the generator state of each device per call.
+        """
+        if torch.compiler.is_compiling():
+            return True, None
+        seen = self.random_ops.get(module.training)
+        if seen is None:
+            return True, _RandomOps()
+        return seen or _has_active_randomness(module), None
 
     def forward(self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         if not torch.is_grad_enabled():
             return call_next(*args, **kwargs)
-        # RNG state is saved and replayed only where a stochastic op is live: it costs a copy per call.
-        preserve_rng = _has_active_randomness(module)
+        preserve_rng, detector = self._rng_options(module)
+        if detector is not None:
+            with detector:
+                out = self._run(module, call_next, args, kwargs, preserve_rng)
+            self.random_ops[module.training] = detector.seen
+            return out
+        return self._run(module, call_next, args, kwargs, preserve_rng)
+
+    def _run(
+        self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any], preserve_rng: bool
+    ) -> Any:
         if self.policy is not CheckpointType.OPS:
             return _checkpoint(call_next, args, kwargs, preserve_rng_state=preserve_rng)
         if torch.compiler.is_compiling():

@@ -10,7 +10,7 @@ import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -134,10 +134,12 @@ def _check_factory(value: object, where: str) -> None:
 
 
 def _load_factory(value: Factory, what: str) -> Callable[..., ModelCase]:
-    factory = load_ref(value, what=what) if isinstance(value, str) else value
+    if not isinstance(value, str):
+        return value
+    factory = load_ref(value, what=what)
     if not callable(factory):
         raise AdapterError(f"{what} {value!r} is a {type(factory).__name__}, not a callable")
-    return factory
+    return cast("Callable[..., ModelCase]", factory)
 
 
 def class_path(cls: type) -> str:

@@ -9,15 +9,15 @@ import pytest
 import torch
 from torch import nn
 
-from ac_core import AdapterSpec, ModelCase, ModelSpec, get_adapter
-from ac_core._containers import resolve_containers
+from ac_core import AdapterSpec, ModelCase, ModelSpec, get_adapter, resolve_blocks
 from ac_core.measure import OpCounter
 
 ADAPTERS = ("wan", "hunyuan", "flux", "llama")
 
 
 def case_id(spec: AdapterSpec, model_spec: ModelSpec) -> str:
-    return f"{spec.name}-{model_spec.tiny.__name__.removeprefix('tiny_')}"
+    assert model_spec.tiny_name is not None
+    return f"{spec.name}-{model_spec.tiny_name.removeprefix('tiny_')}"
 
 
 def _skip_without(spec: AdapterSpec) -> pytest.MarkDecorator:
@@ -35,7 +35,7 @@ def served(adapters: Iterable[str] = ADAPTERS) -> Iterator:
 
 def blocks(case: ModelCase, model_spec: ModelSpec) -> list[tuple[str, nn.Module]]:
     """(FQN, block) of every block in the model spec's containers."""
-    return [b for _, container in resolve_containers(case.model, model_spec.containers, "test") for b in container]
+    return [(block.path, block.module) for block in resolve_blocks(case.model, blocks=model_spec.containers)]
 
 
 def per_call_ops(case: ModelCase, model_spec: ModelSpec, ops: Iterable[str]) -> dict[str, list[int]]:

@@ -16,7 +16,7 @@ CPU_SDPA = "aten::_scaled_dot_product_flash_attention_for_cpu"
 
 @pytest.mark.parametrize(("spec", "model_spec"), list(served()))
 def test_declared_attention_calls_match_kernel_calls(spec, model_spec):
-    case = model_spec.tiny()
+    case = model_spec.build_tiny()
     declared = {fqn: model_spec.attention_calls[type(block).__name__] for fqn, block in blocks(case, model_spec)}
     calls = per_call_ops(case, model_spec, [CPU_SDPA])
     for fqn, per_call in calls.items():
@@ -39,7 +39,7 @@ def _backend_params():
 def test_backend_claim_holds_on_cpu(spec, model_spec, backend, caplog):
     """A retainable backend runs its declared op once per attention call and 'ops' never reruns it in backward;
     a backend declared not retainable runs none of the adapter's retainable ops and still trains exactly."""
-    case = model_spec.tiny()
+    case = model_spec.build_tiny()
     spec.set_backend(case.model, backend.name)
     every_retained = spec.retained_ops() | DEFAULT_RETAINED_OPS
     watched = backend.ops if backend.retainable else every_retained
@@ -47,7 +47,7 @@ def test_backend_claim_holds_on_cpu(spec, model_spec, backend, caplog):
         expected = model_spec.attention_calls[type(case.model.get_submodule(fqn)).__name__]
         assert set(per_call) == {expected if backend.retainable else 0}, f"{backend.name} in {fqn}: {per_call}"
 
-    plain = model_spec.tiny()
+    plain = model_spec.build_tiny()
     spec.set_backend(plain.model, backend.name)
     expected_training = loss_and_grads(plain)
     apply_activation_checkpointing(case.model, "ops")
@@ -65,10 +65,11 @@ def test_backend_claim_holds_on_cpu(spec, model_spec, backend, caplog):
 def test_switching_one_diffusers_model_leaves_the_others_alone():
     dispatch = pytest.importorskip("diffusers.models.attention_dispatch")
     from ac_core_adapters import wan
+    from ac_core_adapters.models.wan import tiny_wan
 
     registry = dispatch._AttentionBackendRegistry
     before = registry._active_backend
-    switched, other = wan.tiny_wan(), wan.tiny_wan()
+    switched, other = tiny_wan(), tiny_wan()
     wan.SPEC.set_backend(switched.model, "_native_math")
     assert registry._active_backend == before  # diffusers' own setter would have made math the global default
     counts = {}

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from ac_core._containers import resolve_containers, resolve_path
+from ac_core import modules_at, resolve_blocks
 
-from .cases import case_id, served
+from .cases import blocks, case_id, served
 
 _HV = {"transformer_blocks": 3, "single_transformer_blocks": 3}
 EXPECTED_BLOCKS = {
@@ -47,10 +47,10 @@ def _block_classes(model: nn.Module) -> set[str]:
 
 @pytest.mark.parametrize(("spec", "model_spec"), list(served()))
 def test_containers_resolve_with_the_expected_blocks(spec, model_spec):
-    case = model_spec.tiny()
-    resolved = resolve_containers(case.model, model_spec.containers, spec.name)
-    assert {fqn: len(container) for fqn, container in resolved} == EXPECTED_BLOCKS[case_id(spec, model_spec)]
-    classes = {type(block).__name__ for _, container in resolved for _, block in container}
+    case = model_spec.build_tiny()
+    plan = resolve_blocks(case.model, blocks=model_spec.containers)
+    assert {c.path: len(c.blocks) for c in plan.containers} == EXPECTED_BLOCKS[case_id(spec, model_spec)]
+    classes = {block.class_name for block in plan}
     assert classes <= set(model_spec.attention_calls), "every block class declares its attention calls"
     if case_id(spec, model_spec) in EXPECTED_CLASSES:
         assert classes == EXPECTED_CLASSES[case_id(spec, model_spec)]
@@ -59,12 +59,12 @@ def test_containers_resolve_with_the_expected_blocks(spec, model_spec):
 
 @pytest.mark.parametrize(("spec", "model_spec"), list(served()))
 def test_every_block_module_list_is_covered_or_excluded(spec, model_spec):
-    case = model_spec.tiny()
+    case = model_spec.build_tiny()
     model = case.model
-    covered = {fqn for fqn, _ in resolve_containers(model, model_spec.containers, spec.name)}
+    covered = {container.path for container in resolve_blocks(model, blocks=model_spec.containers).containers}
     excluded = set()
     for exclusion in model_spec.excluded:
-        found = resolve_path(model, exclusion.path)
+        found = modules_at(model, exclusion.path)
         assert found, f"excluded container {exclusion.path!r} does not exist: a stale exclusion"
         excluded |= {fqn for fqn, _ in found}
     block_classes = _block_classes(model)
@@ -80,9 +80,9 @@ def test_every_block_module_list_is_covered_or_excluded(spec, model_spec):
 
 @pytest.mark.parametrize(("spec", "model_spec"), list(served()))
 def test_every_block_runs_and_reaches_the_loss(spec, model_spec):
-    case = model_spec.tiny()
+    case = model_spec.build_tiny()
     ran: set[str] = set()
-    named = [b for _, container in resolve_containers(case.model, model_spec.containers, "") for b in container]
+    named = blocks(case, model_spec)
     handles = [block.register_forward_hook(lambda *_, fqn=fqn: ran.add(fqn)) for fqn, block in named]
     case.run().backward()
     for handle in handles:

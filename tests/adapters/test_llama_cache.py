@@ -13,14 +13,7 @@ from ac_core.libraries import transformers as transformers_lib
 from .cases import assert_same_training, loss_and_grads
 
 transformers = pytest.importorskip("transformers")
-llama = pytest.importorskip("ac_core_adapters.llama")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_warning():
-    transformers_lib._reset_warnings()
-    yield
-    transformers_lib._reset_warnings()
+llama = pytest.importorskip("ac_core_adapters.models.llama")
 
 
 def test_without_the_adapter_per_op_checkpointing_meets_the_cache_error():

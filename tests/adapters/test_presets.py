@@ -7,8 +7,7 @@ import importlib.util
 import pytest
 import torch
 
-from ac_core import get_adapter
-from ac_core._containers import resolve_containers
+from ac_core import get_adapter, resolve_blocks
 
 # preset -> (adapter, tokens its default seq gives as token_count counts them, tokens for seq=1000)
 PRESETS = {
@@ -25,7 +24,7 @@ def _preset(name: str):
     if importlib.util.find_spec(adapter.library) is None:
         pytest.skip(f"{adapter.library} is not installed")
     (model_spec,) = [m for m in adapter.models if name in m.presets]
-    return adapter, model_spec, model_spec.presets[name]
+    return adapter, model_spec, model_spec.preset(name)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -34,9 +33,8 @@ def test_preset_builds_on_meta_with_the_requested_shape(name):
     for layers, seq, tokens in ((1, None, PRESETS[name][1]), (2, 1000, PRESETS[name][2])):
         with torch.device("meta"):
             case = factory(layers=layers, seq=seq)
-        assert {len(container) for _, container in resolve_containers(case.model, model_spec.containers, "")} == {
-            layers
-        }
+        plan = resolve_blocks(case.model, blocks=model_spec.containers)
+        assert {len(container.blocks) for container in plan.containers} == {layers}
         assert adapter.token_count(case.model, case.inputs) == tokens
         assert case.model.training
         with torch.device("meta"):  # shapes line up at the real width

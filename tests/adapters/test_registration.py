@@ -31,6 +31,8 @@ def test_adapter_modules_import_no_library():
     code = (
         "import sys\n"
         "import ac_core_adapters.wan, ac_core_adapters.hunyuan, ac_core_adapters.flux, ac_core_adapters.llama\n"
+        "import ac_core_adapters.models.wan, ac_core_adapters.models.hunyuan, ac_core_adapters.models.flux\n"
+        "import ac_core_adapters.models.llama\n"
         "import ac_core.libraries.diffusers, ac_core.libraries.transformers, ac_core\n"
         "ac_core.registered_adapters()\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'diffusers', 'transformers'}))\n"
@@ -41,7 +43,7 @@ def test_adapter_modules_import_no_library():
 
 @pytest.mark.parametrize(("spec", "model_spec"), list(served()))
 def test_the_model_class_finds_its_adapter(spec, model_spec):
-    case = model_spec.tiny()
+    case = model_spec.build_tiny()
     assert get_adapter(case.model) is spec
     assert spec.model_spec(case.model).containers == model_spec.containers
 

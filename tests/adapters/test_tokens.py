@@ -26,7 +26,7 @@ class _LongestQuery(TorchDispatchMode):
 
 @pytest.mark.parametrize(("spec", "model_spec"), list(served()))
 def test_token_count_is_the_longest_attention_sequence(spec, model_spec):
-    case = model_spec.tiny()
+    case = model_spec.build_tiny()
     with _LongestQuery() as seen:
         case.run()
     assert spec.token_count(case.model, case.inputs) == seen.tokens > 0

@@ -17,12 +17,12 @@ from .cases import assert_same_training, blocks, loss_and_grads, per_call_ops, s
 def test_trains_like_the_plain_model(spec, model_spec, kind, caplog):
     """Loss and gradients bitwise equal (tolerance 0, float32). In backward 'ops' reruns no attention kernel and
     'full' reruns each block's once; no 'retained nothing' warning (attention-free blocks are declared so)."""
-    plain = model_spec.tiny()
+    plain = model_spec.build_tiny()
     in_blocks = sum(sum(calls) for calls in per_call_ops(plain, model_spec, DEFAULT_RETAINED_OPS).values())
     plain.model.zero_grad(set_to_none=True)
     expected = loss_and_grads(plain)
 
-    case = model_spec.tiny()
+    case = model_spec.build_tiny()
     apply_activation_checkpointing(case.model, kind)
     assert set(checkpointed_blocks(case.model)) == {fqn for fqn, _ in blocks(case, model_spec)}
     with caplog.at_level(logging.WARNING, logger="ac_core"), OpCounter() as counter:

@@ -21,7 +21,7 @@ def _installed(versions):
 
 @pytest.mark.parametrize(("spec", "model_spec"), list(served()))
 def test_an_unverified_version_is_refused_clearly(spec, model_spec, monkeypatch):
-    case = model_spec.tiny()
+    case = model_spec.build_tiny()
     names = [n for n, _ in case.model.named_parameters()]
     monkeypatch.setattr(_versions, "version", _installed(_OUTSIDE))
     with pytest.raises(UnsupportedVersionError) as error:

@@ -13,9 +13,10 @@ import torch
 
 from ac_core import register_adapter, registered_adapters, unregister_adapter
 from ac_core.cli import main
-from ac_core.cli.bench import POLICIES, ROW_FIELDS
+from ac_core.cli.rows import ROW_FIELDS, row_names
 from tests.cli.fakes import GHOST, LIBRARY_TOY
 
+POLICIES = row_names()  # none, the registered policies, library
 ENVIRONMENT_FIELDS = {"torch", "diffusers", "transformers", "device", "dtype", "preset", "seq", "layers", "steps"}
 TOY_DEPTH = 4
 
@@ -203,6 +204,27 @@ def test_offload_rows_and_the_synchronous_baseline(tmp_path):
         assert held[f"{policy}+offload"] < held[policy], policy
     # Attention outputs retained by 'ops' stay on the device: offload moves the same tensors as under 'full'.
     assert held["ops+offload"] - held["full+offload"] == held["ops"] - held["full"]
+
+
+def test_the_main_job_prints_no_library_notice(tmp_path):
+    # diffusers warns about its float32 modules on any dtype given to .to(), transformers about use_cache
+    # under its own checkpointing (the library row). A fresh process: transformers says it once per process.
+    if not {"flux", "llama"} <= set(registered_adapters()):
+        pytest.skip("the flux and llama adapters are not installed")
+    json_path, plot = tmp_path / "bench.json", tmp_path / "bench.png"
+    flags = ["--adapter", "flux,llama", "--policy", "library", "--steps", "1", "--warmup", "0", "--threads", "1"]
+    result = subprocess.run(
+        [sys.executable, "-m", "ac_core.cli", "bench", *flags, "--json", str(json_path), "--plot", str(plot)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert "should be kept in float32" not in result.stdout and "use_cache" not in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("ac-core bench: ") and lines[-1] == f"wrote {json_path}, {plot}"
+    rows = json.loads(json_path.read_text())["rows"]
+    assert {row["adapter"] for row in rows} == {"flux", "llama"} and all(row["status"] == "ok" for row in rows)
 
 
 def test_offload_flag_is_validated():

@@ -12,9 +12,19 @@ import pytest
 import torch
 from torch import nn
 
-from ac_core import AdapterError, ExcludedContainer, ModelCase, apply_activation_checkpointing, checkpointed_blocks
+from ac_core import (
+    AdapterError,
+    BlockSkip,
+    ExcludedContainer,
+    ModelCase,
+    Ops,
+    apply_activation_checkpointing,
+    checkpointed_blocks,
+    registered_policies,
+)
 from ac_core.testing import TOY_ADAPTER
 from ac_core_conformance import (
+    AdapterConformance,
     check_attention_recomputed,
     check_attention_retained,
     check_coverage,
@@ -23,6 +33,7 @@ from ac_core_conformance import (
     check_memory,
     check_names,
     check_not_retainable_backend,
+    default_policies,
     portable_ref,
 )
 from ac_core_conformance.training import build
@@ -51,6 +62,23 @@ def test_undeclared_container_of_blocks_fails_naming_it(policy):
 def test_declared_excluded_container_passes_and_stays_unchecked():
     report = check_coverage(subject(REFINER_EXCLUDED), "full")
     assert sorted(report.checkpointed) == ["layers.0", "layers.1", "layers.2"]
+    report = check_coverage(subject(REFINER_EXCLUDED), BlockSkip(every=2))
+    assert sorted(report.checkpointed) == ["layers.0", "layers.2"]
+
+
+def test_the_checks_run_under_every_registered_policy():
+    assert [type(p) for p in default_policies()] == list(registered_policies().values())
+    assert BlockSkip(every=2) in default_policies()  # every second block: one left unchecked in three
+
+    class Suite(AdapterConformance):
+        adapter = TOY_ADAPTER
+
+    toy = subject(TOY_ADAPTER)
+    assert [p.id for p in Suite()._dimension("policy", toy)] == list(registered_policies())
+    recompute = [p.values[0] for p in Suite()._dimension("recompute_policy", toy)]
+    assert recompute and not any(isinstance(p, Ops) for p in recompute)
+    with pytest.raises(ValueError, match="retains attention"):
+        check_attention_recomputed(toy, "ops")
 
 
 def test_container_running_attention_is_found_without_any_class_hint():

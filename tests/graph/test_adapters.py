@@ -61,8 +61,8 @@ def _turn_on_library_checkpointing(model: torch.nn.Module) -> bool:
 
 @pytest.mark.parametrize(("spec", "model_spec"), _params())
 def test_graph_route_on_tiny_model(spec: AdapterSpec, model_spec: ModelSpec, caplog):
-    expected = loss_and_grads(model_spec.tiny())
-    case = model_spec.tiny()
+    expected = loss_and_grads(model_spec.build_tiny())
+    case = model_spec.build_tiny()
     had_library_checkpointing = _turn_on_library_checkpointing(case.model)
     with caplog.at_level(logging.INFO, logger="ac_core"):
         plain, ours = with_and_without_pass(case, adapter=spec)
@@ -82,7 +82,7 @@ def test_graph_route_on_tiny_model(spec: AdapterSpec, model_spec: ModelSpec, cap
 
     # Never more recompute than eager 'ops', also where a graph break cuts the model's own forward
     # ahead of its blocks (HunyuanVideo 1.5, Framepack): that piece is outside the blocks and saved.
-    eager = model_spec.tiny()
+    eager = model_spec.build_tiny()
     apply_activation_checkpointing(eager.model, "ops", adapter=spec)
     eager_ops = compiled_activations(eager)
     assert ours.recompute_count <= eager_ops.recompute_count

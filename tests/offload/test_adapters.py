@@ -34,7 +34,7 @@ def _build(spec: AdapterSpec, model: ModelSpec) -> ModelCase:
     if spec.library and importlib.util.find_spec(spec.library) is None:
         pytest.skip(f"{spec.library} is not installed ({spec.install_hint})")
     try:
-        return model.tiny()
+        return model.build_tiny()
     except ImportError as exc:
         pytest.skip(f"adapter {spec.name!r}: {exc}")
 

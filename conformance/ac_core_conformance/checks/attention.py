@@ -15,14 +15,21 @@ import pytest
 import torch
 from torch import nn
 
-from ac_core import AttentionBackend, apply_activation_checkpointing, checkpointed_blocks
-from ac_core._containers import resolve_containers
-from ac_core.measure import OpCounter
+from ac_core import (
+    AttentionBackend,
+    Ops,
+    apply_activation_checkpointing,
+    checkpointed_blocks,
+    observe_retention,
+    op_matches,
+    reset_warnings,
+)
+from ac_core.measure import OpCounter, attribute_ops
 from ac_core.offload import OffloadConfig, apply_activation_offload, remove_activation_offload, use_offload_transport
 from ac_core.offload.testing import RecordingTransport
-from ac_core.ops import _reset_warnings
 
-from ..probes import attribute_ops, capture_logs, named_op_matcher, record_retained
+from ..policies import Policy, as_policy, label, recomputes_attention
+from ..probes import capture_logs
 from ..subjects import Subject
 from ..training import EAGER_TOLERANCE, assert_same_step, build, plain_step, require_device, require_tiny
 from ..training import step as train_step
@@ -94,16 +101,11 @@ def preferred_retainable_backend(subject: Subject, device: str) -> str:
     )
 
 
-def _blocks(subject: Subject, model: nn.Module) -> dict[str, nn.Module]:
-    containers = resolve_containers(model, subject.model.containers, f"adapter {subject.adapter.name!r}")
-    return {fqn: block for _, blocks in containers for fqn, block in blocks}
-
-
 def _calls_per_block(subject: Subject, backend: AttentionBackend, device: str) -> tuple[dict[str, int], int]:
     """Kernel calls of ``backend`` per declared block in one plain forward, checked against attention_calls."""
     case = build(subject, device, backend=backend.name)
-    blocks = _blocks(subject, case.model)
-    with torch.no_grad(), attribute_ops(blocks, named_op_matcher(backend.ops)) as counts:
+    blocks = {block.path: block.module for block in subject.plan(case.model)}
+    with torch.no_grad(), attribute_ops(blocks, lambda op: op_matches(op, backend.ops)) as counts:
         case.run()
     per_block = {fqn: counts.get(fqn, 0) for fqn in blocks}
     problems = []
@@ -139,9 +141,9 @@ def check_attention_retained(
         raise ValueError(f"backend {backend!r} is declared not retainable; use check_not_retainable_backend")
     per_block, outside = _calls_per_block(subject, declared, device)
     case = build(subject, device, backend=declared.name)
-    apply_activation_checkpointing(case.model, "ops", adapter=subject.adapter)
+    apply_activation_checkpointing(case.model, Ops(), adapter=subject.adapter)
     compute = torch.device(device).type
-    with record_retained() as retained, OpCounter() as counter, context(case.model, device) as around:
+    with observe_retention() as retained, OpCounter() as counter, context(case.model, device) as around:
         loss = case.run()
         dead = [out.op for out in retained.outputs if not out.alive]
         elsewhere = sorted({f"{out.op} on {out.device}" for out in retained.outputs if out.device.type != compute})
@@ -153,7 +155,11 @@ def check_attention_retained(
             assert offloaded, f"{subject.id}: the offload context moved nothing, so it proves nothing"
             moved = {r.source.cdata for r in offloaded if r.source is not None and not r.source.expired()}
             elsewhere += sorted(
-                {f"{out.op} offloaded" for out in retained.outputs if out.alive and out.storage.cdata in moved}
+                {
+                    f"{out.op} offloaded"
+                    for out in retained.outputs
+                    if out.alive and out.storage is not None and out.storage.cdata in moved
+                }
             )
         loss.backward()
     counts = AttentionCounts(
@@ -169,27 +175,31 @@ def check_attention_retained(
         f"{what}: the attention kernel ran {counts.backward} times in backward; 'ops' should have retained its "
         f"output (declared ops {list(declared.ops)} are not what this backend runs?)"
     )
-    kept = retained.op_names & set(declared.ops)
+    kept = [op for op in retained.op_names if op_matches(op, declared.ops)]
     assert kept, f"{what}: 'ops' retained none of the backend's ops; it retained {sorted(retained.op_names)}"
     assert not dead, f"{what}: retained outputs of {sorted(set(dead))} were freed before forward ended"
     assert not elsewhere, f"{what}: retained outputs left the compute device ({compute}): {elsewhere}"
     return counts
 
 
-def check_attention_recomputed(subject: Subject, policy: str, device: str = "cpu", *, n_layer: int = 2) -> int:
-    """Under ``full``/``block_skip``: backward reruns exactly the checkpointed blocks' attention calls.
+def check_attention_recomputed(subject: Subject, policy: Policy, device: str = "cpu") -> int:
+    """Under a policy that recomputes (``full``, ``block_skip``): backward reruns exactly the checkpointed blocks'
+    attention calls.
 
     Returns the number of kernel calls recomputed.
     """
+    config = as_policy(policy)
+    if not recomputes_attention(config):
+        raise ValueError(f"{label(config)} retains attention; use check_attention_retained")
     backend = available_backend(subject, preferred_retainable_backend(subject, device), device)
     per_block, outside = _calls_per_block(subject, backend, device)
     case = build(subject, device, backend=backend.name)
-    apply_activation_checkpointing(case.model, policy, n_layer, adapter=subject.adapter)
+    apply_activation_checkpointing(case.model, config, adapter=subject.adapter)
     expected = sum(per_block[fqn] for fqn in checkpointed_blocks(case.model))
     with OpCounter() as counter:
         case.run().backward()
     forward, backward = counter.count(backend.ops, "forward"), counter.count(backend.ops, "backward")
-    what = f"{subject.id} under {policy} (n_layer={n_layer}) on backend {backend.name!r} ({device})"
+    what = f"{subject.id} under {label(config)} on backend {backend.name!r} ({device})"
     assert forward == sum(per_block.values()) + outside, f"{what}: {forward} kernel calls in forward"
     assert backward == expected, (
         f"{what}: backward recomputed the attention kernel {backward} times; the checkpointed blocks make "
@@ -209,8 +219,8 @@ def check_not_retainable_backend(subject: Subject, backend: str, device: str = "
         raise ValueError(f"backend {backend!r} is declared retainable; use check_attention_retained")
     expected = plain_step(subject, device, backend=declared.name)
     case = build(subject, device, backend=declared.name)
-    apply_activation_checkpointing(case.model, "ops", adapter=subject.adapter)
-    _reset_warnings()  # once per process: start as a fresh process would
+    apply_activation_checkpointing(case.model, Ops(), adapter=subject.adapter)
+    reset_warnings()  # once per process: start as a fresh process would
     with capture_logs() as records:
         got = train_step(case)
         for parameter in case.model.parameters():

@@ -6,9 +6,11 @@ import os
 
 import pytest
 import torch
+from torch import nn
 
 from ac_core import apply_activation_checkpointing
 
+from ..policies import Policy, as_policy, label
 from ..subjects import Subject
 from ..training import (
     EAGER_TOLERANCE,
@@ -39,29 +41,35 @@ def compile_tolerance(backend: str) -> Tolerance:
     return EAGER_TOLERANCE if backend in ("eager", "aot_eager") else INDUCTOR_TOLERANCE
 
 
+def _compiled(model: nn.Module, backend: str) -> nn.Module:
+    # torch.compile of a module returns an OptimizedModule, a module; its annotation says only "callable".
+    compiled = torch.compile(model, backend=backend)
+    assert isinstance(compiled, nn.Module)
+    return compiled
+
+
 def _graphs_compiled() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-def check_compile(
-    subject: Subject, policy: str, device: str = "cpu", *, backend: str | None = None, n_layer: int = 2
-) -> Step:
+def check_compile(subject: Subject, policy: Policy, device: str = "cpu", *, backend: str | None = None) -> Step:
     """``torch.compile(model)`` with ``policy`` applied trains like the plain eager model.
 
     Tolerance: the eager one for ``aot_eager``, :data:`INDUCTOR_TOLERANCE` for inductor.
     """
     name = compile_backend(backend)
+    config = as_policy(policy)
     if subject.model.compile_unsupported:
         _check_declared_unsupported(subject, device, name)
     expected = plain_step(subject, device)
     case = build(subject, device)
-    apply_activation_checkpointing(case.model, policy, n_layer, adapter=subject.adapter)
+    apply_activation_checkpointing(case.model, config, adapter=subject.adapter)
     with fresh_compile():
         graphs = _graphs_compiled()
-        case.model = torch.compile(case.model, backend=name)
+        case.model = _compiled(case.model, name)
         got = train_step(case)
         graphs = _graphs_compiled() - graphs
-    what = f"{subject.id} under {policy} on {device}, torch.compile(backend={name!r}) vs plain eager"
+    what = f"{subject.id} under {label(config)} on {device}, torch.compile(backend={name!r}) vs plain eager"
     assert graphs > 0, f"{what}: dynamo compiled no graph (it fell back to eager)"
     assert_same_step(got, expected, compile_tolerance(name), what)
     return got
@@ -72,7 +80,7 @@ def _check_declared_unsupported(subject: Subject, device: str, backend: str) -> 
     reason = subject.model.compile_unsupported
     case = build(subject, device)
     with fresh_compile():
-        case.model = torch.compile(case.model, backend=backend)
+        case.model = _compiled(case.model, backend)
         try:
             train_step(case)
         except Exception:

@@ -8,9 +8,11 @@ import torch
 from torch import nn
 
 from ac_core import AdapterError, CheckpointType, apply_activation_checkpointing, checkpointed_blocks
-from ac_core._containers import resolve_containers, resolve_path
+from ac_core.measure import attribute_ops
+from ac_core.ops import is_attention_like
+from ac_core.policies import select
 
-from ..probes import attribute_ops, is_attention_like
+from ..policies import Policy, as_policy, label
 from ..subjects import Subject
 from ..training import build
 
@@ -58,59 +60,49 @@ def _other_containers(model: nn.Module, known: set[str]) -> dict[str, nn.Module]
     }
 
 
-def check_coverage(subject: Subject, policy: str, *, n_layer: int = 2) -> CoverageReport:
+def check_coverage(subject: Subject, policy: Policy) -> CoverageReport:
     """Fail unless exactly the declared blocks are checkpointed and every container of blocks is declared.
 
-    ``full``/``ops`` checkpoint every block of every declared container, ``block_skip`` exactly
-    indices 0, n, 2n, ... of each; nothing else is checkpointed, excluded containers included.
-    A ModuleList holding the model's block classes, or whose elements run attention outside the
-    declared blocks, must be declared (or declared excluded): an upstream rename or a new
-    container fails here, by name.
+    ``policy`` checkpoints exactly the blocks it selects from the declared containers (``full``/``ops``
+    every block, ``block_skip`` indices 0, n, 2n, ... of each); nothing else is checkpointed, excluded
+    containers included. A ModuleList holding the model's block classes, or whose elements run
+    attention outside the declared blocks, must be declared (or declared excluded): an upstream rename
+    or a new container fails here, by name.
     """
-    kind = CheckpointType(policy)
+    config = as_policy(policy)
     case = build(subject)
     model = case.model
-    owner = f"adapter {subject.adapter.name!r}"
     problems: list[str] = []
 
     try:
-        containers = resolve_containers(model, subject.model.containers, owner)
+        plan = subject.plan(model)
     except AdapterError as exc:
         raise AssertionError(f"{subject.id}: a declared container is missing (renamed upstream?): {exc}") from None
     for path in subject.model.containers:
-        if not any(blocks for fqn, blocks in containers if fqn == path or _matches_pattern(fqn, path)):
+        if not any(c.blocks for c in plan.containers if c.path == path or _matches_pattern(c.path, path)):
             problems.append(f"declared container {path!r} has no block in the tiny model, so nothing checks it")
 
     excluded: dict[str, list[tuple[str, nn.Module]]] = {}
-    for entry in subject.model.excluded:
-        resolved = resolve_path(model, entry.path)
-        if resolved is None:
+    for entry in plan.excluded:
+        if not entry.found:
             problems.append(f"excluded container {entry.path!r} does not exist in {type(model).__name__} (renamed?)")
-            continue
-        for fqn, container in resolved:
+        for fqn, container in entry.modules:
             excluded[fqn] = [(f"{fqn}.{name}", child) for name, child in container.named_children()]
 
-    apply_activation_checkpointing(model, kind, n_layer, adapter=subject.adapter)
+    apply_activation_checkpointing(model, config, adapter=subject.adapter)
     got = checkpointed_blocks(model)
-    block_kind = CheckpointType.FULL if kind is CheckpointType.BLOCK_SKIP else kind
-    expected = {
-        fqn: block_kind
-        for _, blocks in containers
-        for index, (fqn, _) in enumerate(blocks)
-        if kind is not CheckpointType.BLOCK_SKIP or index % n_layer == 0
-    }
+    expected = {choice.block.path: choice.kind for choice in select(config, plan)}
     if got != expected:
         missing = sorted(expected.keys() - got.keys())
         extra = sorted(got.keys() - expected.keys())
         wrong = sorted(f for f in expected.keys() & got.keys() if got[f] is not expected[f])
         problems.append(
-            f"{policy} (n_layer={n_layer}) checkpointed the wrong blocks: missing {missing}, unexpected {extra}, "
+            f"{label(config)} checkpointed the wrong blocks: missing {missing}, unexpected {extra}, "
             f"wrong policy on {wrong}"
         )
 
-    declared_blocks = [block for _, blocks in containers for _, block in blocks]
-    classes = block_classes(model, subject, declared_blocks)
-    known = {fqn for fqn, _ in containers} | set(excluded)
+    classes = block_classes(model, subject, [block.module for block in plan])
+    known = {c.path for c in plan.containers} | set(excluded)
     others = _other_containers(model, known)
     # Static: a container whose elements are block classes.
     reported: set[str] = set()
@@ -125,7 +117,7 @@ def check_coverage(subject: Subject, policy: str, *, n_layer: int = 2) -> Covera
                 reported.add(fqn)
                 break
     # Dynamic: a container whose elements run attention outside the declared blocks.
-    hooked: dict[str, nn.Module] = {fqn: block for _, blocks in containers for fqn, block in blocks}
+    hooked: dict[str, nn.Module] = {block.path: block.module for block in plan}
     for blocks in excluded.values():
         hooked.update(blocks)
     element_of: dict[str, str] = {}
@@ -146,7 +138,7 @@ def check_coverage(subject: Subject, policy: str, *, n_layer: int = 2) -> Covera
             )
 
     if problems:
-        raise AssertionError(f"{subject.id} coverage under {policy}:\n  - " + "\n  - ".join(problems))
+        raise AssertionError(f"{subject.id} coverage under {label(config)}:\n  - " + "\n  - ".join(problems))
     return CoverageReport(got, classes)
 
 

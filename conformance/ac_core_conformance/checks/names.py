@@ -10,6 +10,7 @@ from torch import nn
 
 from ac_core import apply_activation_checkpointing, is_activation_checkpointed
 
+from ..policies import Policy, as_policy, label
 from ..subjects import Subject
 from ..training import EAGER_TOLERANCE, STEP_SEED, build, tensors_of
 
@@ -22,34 +23,35 @@ def _names(model: nn.Module) -> dict[str, list[str]]:
     }
 
 
-def check_names(subject: Subject, policy: str, *, n_layer: int = 2) -> None:
+def check_names(subject: Subject, policy: Policy) -> None:
     """Fail unless parameter, state_dict and module names are exactly those of the plain model, in order."""
     case = build(subject)
     before = _names(case.model)
-    apply_activation_checkpointing(case.model, policy, n_layer, adapter=subject.adapter)
+    config = as_policy(policy)
+    apply_activation_checkpointing(case.model, config, adapter=subject.adapter)
     after = _names(case.model)
     for what, names in before.items():
         if after[what] != names:
             changed = sorted(set(names) ^ set(after[what]))[:5] or "order"
-            raise AssertionError(f"{subject.id} under {policy}: {what} changed: {changed}")
+            raise AssertionError(f"{subject.id} under {label(config)}: {what} changed: {changed}")
 
 
-def can_save_pretrained(model: nn.Module) -> bool:
-    """Whether the model has ``save_pretrained`` and its class ``from_pretrained`` (diffusers and transformers)."""
-    return callable(getattr(model, "save_pretrained", None)) and callable(getattr(type(model), "from_pretrained", None))
-
-
-def check_save_pretrained(subject: Subject, policy: str, device: str = "cpu", *, n_layer: int = 2) -> None:
+def check_save_pretrained(subject: Subject, policy: Policy, device: str = "cpu") -> None:
     """``save_pretrained`` of a checkpointed model reloads with ``from_pretrained`` as a plain model, same outputs."""
     case = build(subject, device)
-    if not can_save_pretrained(case.model):
+    # diffusers' and transformers' methods, looked up: a plain nn.Module has neither.
+    save_pretrained = getattr(case.model, "save_pretrained", None)
+    from_pretrained = getattr(type(case.model), "from_pretrained", None)
+    if not (callable(save_pretrained) and callable(from_pretrained)):
         pytest.skip(f"{type(case.model).__name__} has no save_pretrained/from_pretrained")
-    apply_activation_checkpointing(case.model, policy, n_layer, adapter=subject.adapter)
+    config = as_policy(policy)
+    apply_activation_checkpointing(case.model, config, adapter=subject.adapter)
+    what = f"{subject.id} under {label(config)}: save_pretrained -> from_pretrained"
     with tempfile.TemporaryDirectory() as tmp:
-        case.model.save_pretrained(tmp)
-        reloaded = type(case.model).from_pretrained(tmp)
+        save_pretrained(tmp)
+        reloaded = from_pretrained(tmp)
+    assert isinstance(reloaded, nn.Module), f"{what}: from_pretrained returned a {type(reloaded).__name__}"
     reloaded.to(device).train(case.model.training)
-    what = f"{subject.id} under {policy}: save_pretrained -> from_pretrained"
     assert not is_activation_checkpointed(reloaded), f"{what}: the reloaded model is checkpointed"
     assert list(reloaded.state_dict()) == list(case.model.state_dict()), f"{what}: state_dict keys differ"
     torch.manual_seed(STEP_SEED)
@@ -67,4 +69,4 @@ def check_save_pretrained(subject: Subject, policy: str, device: str = "cpu", *,
         )
 
 
-__all__ = ["can_save_pretrained", "check_names", "check_save_pretrained"]
+__all__ = ["check_names", "check_save_pretrained"]

@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="ac-core",
-        description="Activation checkpointing for video diffusion transformers and LLMs: inspect and benchmark.",
+        description="Activation checkpointing for video diffusion transformers and LLMs: inspect, benchmark, compare.",
     )
     subparsers = parser.add_subparsers(title="commands", required=True, metavar="{inspect,bench,compare}")
     inspect.add_parser(subparsers)

@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
             elif model.compile_unsupported:
                 print(f"{title}\nskipped: torch.compile cannot train it (declared: {model.compile_unsupported})\n")
             else:
-                print(format_table(compare_routes(model.build_tiny, adapter=adapter, backend=args.backend), title))
+                results = compare_routes(model.build_tiny, adapter=adapter, backend=args.backend)
+                print(f"{format_table(results, title)}\n")
     return 0
 
 

@@ -60,13 +60,9 @@ def retained_ops_per_block(case: ModelCase, plan: BlockPlan, retained: frozenset
 def _container_lines(plan: BlockPlan) -> list[str]:
     lines = []
     for container in plan.containers:
-        kinds = Counter(block.class_name for block in container.blocks)
-        text = (
-            f"{container.path}: {len(container.blocks)} x {', '.join(kinds)}"
-            if container.blocks
-            else (f"{container.path}: empty")
-        )
-        lines.append(escape(text))
+        kinds = ", ".join(Counter(block.class_name for block in container.blocks))
+        blocks = f"{len(container.blocks)} x {kinds}" if container.blocks else "empty"
+        lines.append(escape(f"{container.path}: {blocks}"))
     return lines
 
 

@@ -189,7 +189,7 @@ def model_rows(
 def run_rows(
     selected: Sequence[tuple[AdapterSpec, Sequence[ModelSpec]]], variants: Sequence[Variant], settings: Settings
 ) -> list[Row]:
-    """Every variant on every model of ``selected``, behind a progress bar on stderr that is gone once done."""
+    """Every variant on every model of ``selected``, behind a progress bar on a terminal's stderr, gone once done."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     total = sum(len(models) for _, models in selected) * settings.steps_per_model(len(variants))
@@ -202,6 +202,7 @@ def run_rows(
         TimeElapsedColumn(),
         console=err,
         transient=True,
+        disable=not err.is_terminal,  # a log file gets no bar (rich would leave a blank line there)
     )
     with progress, ac_core_logs_to(err):
         task = progress.add_task("steps", total=total)

@@ -28,7 +28,7 @@ def tiny_cogvideox() -> ModelCase:
         out_channels=4,
         time_embed_dim=8,
         text_embed_dim=16,
-        num_layers=3,  # block_skip with n_layer=2 then checkpoints blocks 0 and 2 and leaves 1
+        num_layers=3,  # BlockSkip(every=2), the suite's block_skip, checkpoints blocks 0 and 2 and leaves 1
         sample_width=8,
         sample_height=8,
         sample_frames=9,  # (9 - 1) / temporal_compression_ratio + 1 = 3 latent frames

@@ -1,0 +1,136 @@
+"""The Wan adapter's tiny models, real-width presets and token count (named by ``ac_core_adapters.wan``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ac_core import ModelCase
+from ac_core.libraries.diffusers import sample_loss, video_token_grid
+
+_TEXT_TOKENS = 512  # umT5 prompts are padded to 512 tokens
+_TINY = {"num_attention_heads": 2, "attention_head_dim": 8, "text_dim": 16, "freq_dim": 16, "ffn_dim": 32}
+
+
+def tiny_wan() -> ModelCase:
+    """WanTransformer3DModel, text-to-video (2 attention calls per block), 3 blocks, 2x4x4 tokens."""
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(0)
+    model = WanTransformer3DModel(in_channels=4, out_channels=4, num_layers=3, rope_max_seq_len=32, **_TINY)
+    inputs = {
+        "hidden_states": torch.randn(1, 4, 2, 8, 8),
+        "timestep": torch.tensor([500]),
+        "encoder_hidden_states": torch.randn(1, 6, 16),
+    }
+    return ModelCase(model.train(), inputs, sample_loss)
+
+
+def tiny_vace() -> ModelCase:
+    """WanVACETransformer3DModel with 3 blocks and 3 VACE blocks (one per main block), control video given."""
+    from diffusers import WanVACETransformer3DModel
+
+    torch.manual_seed(0)
+    model = WanVACETransformer3DModel(
+        in_channels=4,
+        out_channels=4,
+        num_layers=3,
+        rope_max_seq_len=32,
+        vace_layers=[0, 1, 2],
+        vace_in_channels=6,
+        **_TINY,
+    )
+    inputs = {
+        "hidden_states": torch.randn(1, 4, 2, 8, 8),
+        "timestep": torch.tensor([500]),
+        "encoder_hidden_states": torch.randn(1, 6, 16),
+        "control_hidden_states": torch.randn(1, 6, 2, 8, 8),
+    }
+    return ModelCase(model.train(), inputs, sample_loss)
+
+
+def tiny_animate() -> ModelCase:
+    """WanAnimateTransformer3DModel as the real one is configured (image cross-attention on), 3 blocks.
+
+    A face adapter follows every block (3), the motion encoder has 3 residual conv blocks at 32x32 face
+    crops, and its 8 face frames go through it in 2 batches of 4, so each of those blocks runs twice.
+    The processor splits 512 text tokens off the image tokens, so the text has exactly 512.
+    """
+    from diffusers import WanAnimateTransformer3DModel
+
+    torch.manual_seed(0)
+    model = WanAnimateTransformer3DModel(
+        in_channels=None,
+        latent_channels=4,
+        out_channels=4,
+        num_layers=3,
+        rope_max_seq_len=32,
+        image_dim=8,
+        added_kv_proj_dim=16,
+        motion_encoder_channel_sizes={"4": 8, "8": 8, "16": 8, "32": 8},
+        motion_encoder_size=32,
+        motion_style_dim=8,
+        motion_dim=4,
+        motion_encoder_dim=8,
+        face_encoder_hidden_dim=8,
+        face_encoder_num_heads=2,
+        inject_face_latents_blocks=1,
+        motion_encoder_batch_size=4,
+        **_TINY,
+    )
+    inputs = {
+        "hidden_states": torch.randn(1, 12, 3, 8, 8),
+        "timestep": torch.tensor([500]),
+        "encoder_hidden_states": torch.randn(1, _TEXT_TOKENS, 16),
+        "encoder_hidden_states_image": torch.randn(1, 4, 8),
+        "pose_hidden_states": torch.randn(1, 4, 2, 8, 8),
+        "face_pixel_values": torch.randn(1, 3, 8, 32, 32),
+    }
+    return ModelCase(model.train(), inputs, sample_loss)
+
+
+def _wan_at_width(heads: int, ffn_dim: int, layers: int, seq: int | None) -> ModelCase:
+    """``layers`` WanTransformer3DModel blocks with ``heads`` heads of 128 and FFN ``ffn_dim``, float32 on CPU.
+
+    ``seq`` video tokens (default 6240 = 4 latent frames of 480x832) map to frames of 30x52 tokens (60x104
+    latents), or to one smaller frame near that aspect below 1560 tokens; 81 frames at 480p is seq=32760
+    (21 latent frames). 512 text tokens of width 4096.
+    """
+    from diffusers import WanTransformer3DModel
+
+    frames, height, width = video_token_grid(6240 if seq is None else seq)
+    model = WanTransformer3DModel(
+        num_attention_heads=heads,
+        attention_head_dim=128,
+        in_channels=16,
+        out_channels=16,
+        text_dim=4096,
+        ffn_dim=ffn_dim,
+        num_layers=layers,
+    )
+    inputs = {
+        "hidden_states": torch.randn(1, 16, frames, 2 * height, 2 * width),
+        "timestep": torch.tensor([500]),
+        "encoder_hidden_states": torch.randn(1, _TEXT_TOKENS, 4096),
+    }
+    return ModelCase(model.train(), inputs, sample_loss)
+
+
+def preset_wan21_1_3b(*, layers: int = 4, seq: int | None = None) -> ModelCase:
+    """Wan2.1-1.3B: ``layers`` blocks at its width (12 heads of 128, FFN 8960), ``seq`` video tokens (default 6240)."""
+    return _wan_at_width(12, 8960, layers, seq)
+
+
+def preset_wan21_14b(*, layers: int = 4, seq: int | None = None) -> ModelCase:
+    """Wan2.1-14B: ``layers`` blocks at its width (40 heads of 128, FFN 13824), ``seq`` video tokens (default 6240)."""
+    return _wan_at_width(40, 13824, layers, seq)
+
+
+def token_count(model: nn.Module, inputs: Mapping[str, Any]) -> int:
+    """Video tokens of the batch: latent frames x height x width / patch volume (text tokens not counted)."""
+    batch, _, frames, height, width = inputs["hidden_states"].shape
+    p_t, p_h, p_w = model.config.patch_size
+    return batch * (frames // p_t) * (height // p_h) * (width // p_w)
