@@ -45,7 +45,9 @@ SPEC = AdapterSpec(
         "training forwards run without the KV cache: a recomputed decoder layer would append its keys and values "
         "again. prepare() hooks the model so that such forwards get use_cache=False (also over an explicit "
         "use_cache=True, with a warning) and rejects an explicit cache object; forwards without gradients keep it",
-        "transformers' own gradient checkpointing off (ac-core turns it off and says so)",
+        "transformers' own gradient checkpointing off (ac-core turns it off and says so, also where "
+        "gradient_checkpointing_enable() or the Trainer's gradient_checkpointing=True comes after ac-core: at the next "
+        "forward)",
     ),
     prepare=train_without_kv_cache,
     set_backend=set_attn_implementation,

@@ -1,4 +1,4 @@
-"""ac-core's adapter conformance suite: eight checks every adapter must pass, runnable on anyone's adapter.
+"""ac-core's adapter conformance suite: nine checks every adapter must pass, runnable on anyone's adapter.
 
 This package is a stable surface for third parties: the names exported here (the pytest base
 classes, the check functions, the tolerances) and the pytest options ``--ac-core-adapter`` and
@@ -18,7 +18,8 @@ registered policy at its defaults (``Full()``, ``Ops()``, ``BlockSkip(every=2)``
 1. coverage: exactly the declared blocks are checkpointed; a container of blocks that is neither
    declared nor declared excluded fails by name;
 2. gradients: loss and every gradient equal the plain model's (float32, :data:`EAGER_TOLERANCE`),
-   with dropout active too;
+   with dropout active too, and with randomness no dropout module carries (``torch.rand`` masks inside
+   every block, so recompute must replay the RNG state);
 3. attention: under ``ops`` each retainable backend's kernel runs once per call in forward and never in
    backward, per-block calls match ``attention_calls``, retained outputs stay on the compute device;
    a backend declared not retainable warns once and trains correctly;
@@ -26,7 +27,11 @@ registered policy at its defaults (``Full()``, ``Ops()``, ``BlockSkip(every=2)``
 5. names: parameter/state_dict/module names unchanged; save_pretrained/from_pretrained round trip;
 6. torch.compile gives the eager loss and gradients (``aot_eager`` by default);
 7. FSDP2 on two gloo ranks equals one plain process; no collective is retained;
-8. the library's own gradient checkpointing is turned off with a warning, and training is right.
+8. the library's own gradient checkpointing is turned off with a warning, and training is right; switched on
+   after ac-core (``Trainer(gradient_checkpointing=True)``), it is found at the next forward, turned off and
+   said once, so no block is checkpointed twice;
+9. pickling: ``torch.save(model)`` / ``copy.deepcopy`` of a checkpointed model come back checkpointed on the
+   same blocks and train like the plain model.
 
 Skips come only from the adapter's declarations (no tiny factory, no such backend on this device,
 no ``set_backend``) and from the model's capabilities (no ``save_pretrained``), never from names.
@@ -65,10 +70,13 @@ _EXPORTS = {
     "check_fsdp": "checks",
     "check_gradients": "checks",
     "check_gradients_with_dropout": "checks",
+    "check_gradients_with_random_ops": "checks",
     "check_library_checkpointing": "checks",
+    "check_library_checkpointing_after": "checks",
     "check_memory": "checks",
     "check_names": "checks",
     "check_not_retainable_backend": "checks",
+    "check_pickle_round_trip": "checks",
     "check_save_pretrained": "checks",
 }
 

@@ -10,6 +10,8 @@ It imports nothing heavy unless an adapter is named.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 ADAPTER_FLAG = "--ac-core-adapter"
@@ -46,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     for ref in refs:
         try:
-            load_adapter(ref)
+            adapter = load_adapter(ref)
         except Exception as exc:
             known = sorted(registered_adapters()) or "none"
             raise pytest.UsageError(
@@ -55,3 +57,23 @@ def pytest_configure(config: pytest.Config) -> None:
                 "point of an installed package (ours: pip install 'ac-core[wan]', '[hunyuan]', '[flux]', "
                 "'[llama]'); one defined only in code is named as 'module:attr'."
             ) from None
+        _check_versions(ref, adapter)
+
+
+def _check_versions(ref: str, adapter: Any) -> None:
+    """Fail once, before any test, where the installed library is outside a model's declared versions: every
+    check of that model would fail alike."""
+    from ac_core.versions import version_supported
+
+    unsupported = []
+    for model in adapter.models:
+        supported, installed = version_supported(model.versions)
+        if not supported:
+            unsupported.append(f"{model.class_name} declares {model.versions}, installed: {installed or 'nothing'}")
+    if unsupported:
+        raise pytest.UsageError(
+            f"{ADAPTER_FLAG} {ref}: adapter {adapter.name!r} does not declare the installed library version: "
+            + "; ".join(sorted(set(unsupported)))
+            + ". Install a version in that range, or widen the adapter's ModelSpec.versions once its layout is "
+            "checked on the installed one."
+        )

@@ -28,10 +28,13 @@ from .checks import (
     check_fsdp,
     check_gradients,
     check_gradients_with_dropout,
+    check_gradients_with_random_ops,
     check_library_checkpointing,
+    check_library_checkpointing_after,
     check_memory,
     check_names,
     check_not_retainable_backend,
+    check_pickle_round_trip,
     check_save_pretrained,
     compile_backend,
     no_context,
@@ -144,6 +147,9 @@ class GradientTests(AdapterTests):
     def test_gradients_with_dropout(self, subject: Subject, policy: PolicyConfig, device: str) -> None:
         check_gradients_with_dropout(subject, policy, device)
 
+    def test_gradients_with_random_ops(self, subject: Subject, policy: PolicyConfig, device: str) -> None:
+        check_gradients_with_random_ops(subject, policy, device)
+
 
 class AttentionTests(AdapterTests):
     """Check 3: attention retained under ``ops``, recomputed under the others, declared calls per block."""
@@ -181,6 +187,10 @@ class NameTests(AdapterTests):
     def test_save_pretrained_round_trip(self, subject: Subject, policy: PolicyConfig) -> None:
         check_save_pretrained(subject, policy)
 
+    @pytest.mark.parametrize("how", ["torch.save", "deepcopy"])
+    def test_pickle_round_trip(self, subject: Subject, policy: PolicyConfig, how: str) -> None:
+        check_pickle_round_trip(subject, policy, how)
+
 
 class CompileTests(AdapterTests):
     """Check 6: torch.compile of the checkpointed model trains like eager."""
@@ -202,6 +212,9 @@ class LibraryCheckpointingTests(AdapterTests):
 
     def test_library_checkpointing_taken_over(self, subject: Subject, policy: PolicyConfig) -> None:
         check_library_checkpointing(subject, policy)
+
+    def test_library_checkpointing_switched_on_after(self, subject: Subject, policy: PolicyConfig) -> None:
+        check_library_checkpointing_after(subject, policy)
 
 
 class AdapterConformance(

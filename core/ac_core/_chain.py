@@ -2,29 +2,85 @@
 
 Checkpointing, activation offload, keep-on-device regions and bench's ``save_on_cpu`` baseline each add
 a :class:`ForwardLayer` to a module's chain instead of replacing ``forward`` themselves. The instance's
-``forward`` becomes one bound method that runs the layers outermost first, each handed the call to the
+``forward`` becomes one callable that runs the layers outermost first, each handed the call to the
 one below it, down to the forward that was there before the first layer (the class's, or an instance
 forward someone else set). Any layer can be removed in any order and the others keep working; the
 last one removed restores the forward that was there. The module tree is left as it is, so every
 parameter, module and state_dict name stays the plain model's.
+
+Other libraries replace the instance's ``forward`` too, and keep the forward they replaced, to call it
+and to put it back:
+
+- diffusers (``HookRegistry.register_hook``: group offloading, layerwise casting, the caches) sets
+  ``module.forward = functools.update_wrapper(partial(new_forward, module), forward)`` around whatever
+  ``module.forward`` was, and calls that forward from a ``HookFunctionReference`` (its ``forward``, or
+  ``original_forward`` for hooks with a ``new_forward``); ``remove_hook`` puts it back on the module
+  (outermost hook) or into the next hook's reference.
+- accelerate (``add_hook_to_module``: ``cpu_offload``, ``dispatch_model``, AlignDevicesHook) keeps it as
+  ``module._old_forward``, calls ``module._old_forward`` at each call, and ``remove_hook_from_module`` sets
+  ``module.forward = module._old_forward``.
+
+Their pre-forward puts the weights where the forward needs them (group offloading onloads the group,
+AlignDevicesHook loads them) and their post-forward takes them away again, so a checkpoint must run them
+again when it recomputes; diffusers' own checkpointing does, as it calls the block's ``__call__`` inside
+``torch.utils.checkpoint``. Hence, where a foreign forward meets ac-core's:
+
+- **The layers run at the top.** A foreign forward set over ac-core's (its library applied after ac-core)
+  gets another ac-core forward over it, which runs the layers around it: checkpoint(foreign forward ->
+  class forward) is what runs and what recomputes. An ac-core forward reached while the layers already
+  run above it passes straight through (``_Chain.depth``). Such a foreign forward is found when a layer is
+  added, or at the first call that comes up through it; that call is already inside it, so the layers
+  that run their call again (checkpoint) sit that one call out (exact, and that block keeps its
+  activations once), and every module of the same model is settled then, before its own call.
+- **Ac-core's forward is kept where those libraries keep what they restore.** Added over a diffusers or
+  accelerate forward, ac-core also puts a forward of its own where that library keeps the forward it
+  wrapped, so removing their hook brings back ac-core's (which runs the layers once on top) and not the
+  forward from before ac-core. Removing ac-core's last layer takes its forwards out of those places again;
+  one still called by a forward that keeps it elsewhere (``__wrapped__`` only) passes straight through.
+- **A foreign post-forward below a checkpoint runs in the recompute.** torch's early stop ends a recompute
+  once it has what backward needs, before the post-forward that offloads the group again (diffusers' own
+  checkpointing onloads 6 groups and offloads none in the backward of a tiny Flux), so it is off where a
+  hook below has a post-forward (group offloading, AlignDevicesHook). It stays on where a diffusers cache is
+  below too: its ``new_forward`` bookkeeping after the block, rerun in full, would save tensors the
+  forward did not (checkpoint raises), so it stops where diffusers' own checkpointing stops it.
+- **What no longer reaches ac-core's forward is reported.** A forward that replaced ac-core's without
+  keeping it (a library that restored what it had kept from before ac-core) makes :func:`active` false;
+  removal then leaves that forward as it is rather than put back a stale one.
+
+The depth count is per module, not per thread: one module runs one call (or its recompute) at a time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import types
-from collections.abc import Callable
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, TypeGuard
 
 from torch import nn
+from torch.utils.checkpoint import set_checkpoint_early_stop
+
+from .library_checkpointing import ModuleRef
 
 CHAIN_ATTR = "_ac_core_chain"
 
+logger = logging.getLogger("ac_core")
+
+# Links followed from an instance's forward down to the class's: enough for any stack of hooks.
+_WALK_LIMIT = 64
+
 
 class ForwardLayer:
-    """One layer of a module's forward chain. ``kind`` names it; a module holds at most one layer per kind."""
+    """One layer of a module's forward chain. ``kind`` names it; a module holds at most one layer per kind.
+
+    ``reruns`` is True for a layer that calls ``call_next`` again after the call returned (checkpoint's
+    recompute): it runs above every foreign forward on the module, which then runs again with it.
+    """
 
     kind: ClassVar[str]
+    reruns: ClassVar[bool] = False
 
     def forward(self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         """Run the module's forward through this layer; ``call_next(*args, **kwargs)`` runs the rest of the chain."""
@@ -34,7 +90,7 @@ class ForwardLayer:
 class _Chain:
     """A module's layers (innermost first) and what ran before them."""
 
-    __slots__ = ("class_forward", "layers", "previous_forward")
+    __slots__ = ("class_forward", "depth", "layers", "previous_forward", "root")
 
     def __init__(self, module: nn.Module) -> None:
         # Taken now: reaching the class's forward through type(module) inside a checkpointed call makes
@@ -42,46 +98,212 @@ class _Chain:
         self.class_forward: Callable[..., Any] = type(module).forward
         self.previous_forward: Any = module.__dict__.get("forward")
         self.layers: list[ForwardLayer] = []
-
-
-def _call_below(module: nn.Module, layer: ForwardLayer | None, *args: Any, **kwargs: Any) -> Any:
-    """Run the chain from just below ``layer`` (from the top when None) down to the original forward."""
-    chain: _Chain = module.__dict__[CHAIN_ATTR]
-    layers = chain.layers
-    # A layer removed while a call through it is in flight (a recompute after removal) continues below it.
-    position = len(layers) if layer is None else next((i for i, each in enumerate(layers) if each is layer), 0)
-    if position == 0:
-        if chain.previous_forward is not None:
-            return chain.previous_forward(*args, **kwargs)
-        return chain.class_forward(module, *args, **kwargs)
-    below = layers[position - 1]
-    # A partial of a module-level function (not a closure): torch.compile accepts it as checkpoint's function.
-    return below.forward(module, functools.partial(_call_below, module, below), args, kwargs)
+        # Calls in flight (or recomputing) whose layers ran in an ac-core forward above a foreign one.
+        self.depth = 0
+        # The model the module was set up in: a foreign forward found at a call settles all of its modules.
+        self.root = ModuleRef()
 
 
 class _ChainedForward:
-    """The instance's ``forward``: runs its chain from the top.
+    """An instance ``forward`` of ac-core's: runs its module's chain, then ``below``.
 
-    An object rather than a bound method so that it pickles (a pickled bound method is looked up by
-    name on the unpickled module, where no such attribute exists); ``copy.deepcopy`` rebinds it to the
-    copied module through the memo.
+    ``below`` is None for the class's forward, else the forward this one was put over. An object rather
+    than a bound method so that it pickles (a pickled bound method is looked up by name on the unpickled
+    module, where no such attribute exists); ``copy.deepcopy`` rebinds it to the copied module through the memo.
     """
 
-    __slots__ = ("__self__",)
+    __slots__ = ("__self__", "below")
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, below: Any = None) -> None:
         self.__self__ = module
+        self.below = below
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _call_below(self.__self__, None, *args, **kwargs)
+        module = self.__self__
+        chain: _Chain | None = module.__dict__.get(CHAIN_ATTR)
+        if chain is None or chain.depth:
+            # ac-core's layers are gone (a foreign forward kept this one), or already run above it.
+            return _bottom(self, chain, args, kwargs)
+        top = module.__dict__.get("forward")
+        if top is not self and not _is_ours(top, module):
+            return _under_foreign(self, chain, top, args, kwargs)
+        if self.below is not None and any(layer.reruns for layer in chain.layers) and _undoes_below(module, self.below):
+            with set_checkpoint_early_stop(False):
+                return _call_below(self, None, *args, **kwargs)
+        return _call_below(self, None, *args, **kwargs)
 
-    def __reduce__(self) -> tuple[type, tuple[nn.Module]]:
-        return _ChainedForward, (self.__self__,)
+    def __reduce__(self) -> tuple[type, tuple[nn.Module, Any]]:
+        return _ChainedForward, (self.__self__, self.below)
 
 
-def _installed(module: nn.Module) -> bool:
-    forward = module.__dict__.get("forward")
+def _is_ours(forward: Any, module: nn.Module) -> TypeGuard[_ChainedForward]:
     return isinstance(forward, _ChainedForward) and forward.__self__ is module
+
+
+def _call_below(forward: _ChainedForward, layer: ForwardLayer | None, *args: Any, **kwargs: Any) -> Any:
+    """Run the chain from just below ``layer`` (from the top when None) down to ``forward``'s ``below``."""
+    module = forward.__self__
+    chain: _Chain | None = module.__dict__.get(CHAIN_ATTR)
+    layers = chain.layers if chain is not None else []
+    # A layer removed while a call through it is in flight (a recompute after removal) continues below it.
+    position = len(layers) if layer is None else next((i for i, each in enumerate(layers) if each is layer), 0)
+    if position == 0:
+        return _bottom(forward, chain, args, kwargs)
+    below = layers[position - 1]
+    # A partial of a module-level function (not a closure): torch.compile accepts it as checkpoint's function.
+    return below.forward(module, functools.partial(_call_below, forward, below), args, kwargs)
+
+
+def _call_layers(forward: _ChainedForward, layers: tuple[ForwardLayer, ...], *args: Any, **kwargs: Any) -> Any:
+    """Run ``layers`` (innermost first) down to ``forward``'s ``below``."""
+    if not layers:
+        return _bottom(forward, forward.__self__.__dict__.get(CHAIN_ATTR), args, kwargs)
+    return layers[-1].forward(forward.__self__, functools.partial(_call_layers, forward, layers[:-1]), args, kwargs)
+
+
+def _bottom(forward: _ChainedForward, chain: _Chain | None, args: tuple, kwargs: dict[str, Any]) -> Any:
+    module = forward.__self__
+    if forward.below is None:
+        class_forward = chain.class_forward if chain is not None else type(module).forward
+        return class_forward(module, *args, **kwargs)
+    if chain is None:
+        return forward.below(*args, **kwargs)
+    # An ac-core forward of this module reached from here (inside a foreign one) passes straight through.
+    chain.depth += 1
+    try:
+        return forward.below(*args, **kwargs)
+    finally:
+        chain.depth -= 1
+
+
+def _under_foreign(forward: _ChainedForward, chain: _Chain, top: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """A call that came up through a foreign forward set over ac-core's after ac-core's layers were added."""
+    module = forward.__self__
+    with reports():
+        _note(logging.INFO, "found", module, _describe(module, top))
+        _settle(chain.root() or module)
+    # This call is inside that forward already, which a layer that runs its call again could not run again.
+    layers = tuple(layer for layer in chain.layers if not layer.reruns)
+    return _call_layers(forward, layers, *args, **kwargs)
+
+
+# Following a forward to the one it calls: (what it calls, how to make it call another or None).
+_Link = tuple[Any, Callable[[Any], None] | None]
+
+
+def _diffusers_reference(forward: Any) -> Any:
+    """The ``HookFunctionReference`` a diffusers hook's forward calls through, or None for other forwards."""
+    function = forward.func if isinstance(forward, functools.partial) else None
+    if getattr(function, "__module__", None) != "diffusers.hooks.hooks":
+        return None
+    # create_new_forward's new_forward closes over the reference it calls through.
+    names = getattr(getattr(function, "__code__", None), "co_freevars", ())
+    for name, cell in zip(names, getattr(function, "__closure__", None) or (), strict=False):
+        if name == "function_reference" and hasattr(cell.cell_contents, "original_forward"):
+            return cell.cell_contents
+    return None
+
+
+def _is_accelerate(module: nn.Module, forward: Any) -> bool:
+    return (
+        isinstance(forward, functools.partial)
+        and getattr(forward.func, "__module__", None) == "accelerate.hooks"
+        and forward.args[:1] == (module,)
+        and "_old_forward" in module.__dict__
+    )
+
+
+def _link(module: nn.Module, forward: Any) -> _Link | None:
+    if _is_ours(forward, module):
+        return forward.below, functools.partial(setattr, forward, "below")
+    reference = _diffusers_reference(forward)
+    if reference is not None:
+        attribute = "original_forward" if reference.original_forward is not None else "forward"
+        return getattr(reference, attribute), functools.partial(setattr, reference, attribute)
+    if _is_accelerate(module, forward):
+        return module.__dict__["_old_forward"], functools.partial(module.__dict__.__setitem__, "_old_forward")
+    wrapped = getattr(forward, "__wrapped__", None)
+    return (wrapped, None) if wrapped is not None else None
+
+
+def _links(module: nn.Module, forward: Any) -> Iterator[_Link]:
+    """The links from ``forward`` down, as far as they can be followed."""
+    seen: set[int] = set()
+    for _ in range(_WALK_LIMIT):
+        if forward is None or id(forward) in seen:
+            return
+        seen.add(id(forward))
+        found = _link(module, forward)
+        if found is None:
+            return
+        yield found
+        forward = found[0]
+
+
+def _reaches_ours(module: nn.Module, forward: Any) -> bool:
+    return _is_ours(forward, module) or any(_is_ours(target, module) for target, _ in _links(module, forward))
+
+
+def _is_class_forward(module: nn.Module, forward: Any) -> bool:
+    """Whether ``forward`` is the class's forward bound to ``module`` (as diffusers and accelerate keep it)."""
+    return (
+        isinstance(forward, types.MethodType)
+        and forward.__self__ is module
+        and forward.__func__ is getattr(type(module).forward, "__func__", type(module).forward)
+    )
+
+
+def _own_post_forward(hook: Any) -> bool:
+    """Whether a diffusers or accelerate hook has a post-forward of its own, not its base ``ModelHook``'s no-op."""
+    hooks = getattr(hook, "hooks", None)  # accelerate's SequentialHook
+    if isinstance(hooks, (list, tuple)):
+        return any(_own_post_forward(each) for each in hooks)
+    owner = next((cls for cls in type(hook).__mro__ if "post_forward" in cls.__dict__), None)
+    return owner is not None and owner.__name__ != "ModelHook"
+
+
+def _undoes_below(module: nn.Module, forward: Any) -> bool:
+    """Whether a hook at or below ``forward`` undoes its pre-forward in a post-forward (group offloading, accelerate's
+    AlignDevicesHook), which a recompute must run too, and none replaces the call with a ``new_forward`` of its own
+    (diffusers' caches), whose work after the call a recompute must not run."""
+    undoes = False
+    for each in (forward, *(target for target, _ in _links(module, forward))):
+        reference = _diffusers_reference(each)
+        if reference is not None:
+            if reference.original_forward is not None:
+                return False
+            undoes = undoes or _own_post_forward(getattr(reference.post_forward, "__self__", None))
+        elif _is_accelerate(module, each):
+            undoes = undoes or _own_post_forward(module.__dict__.get("_hf_hook"))
+    return undoes
+
+
+def _describe(module: nn.Module, forward: Any) -> str:
+    if forward is None or _is_class_forward(module, forward):
+        return "the class's forward"
+    if _diffusers_reference(forward) is not None:
+        registry = module.__dict__.get("_diffusers_hook")
+        return f"diffusers' hooks ({', '.join(getattr(registry, '_hook_order', ())) or '?'})"
+    if _is_accelerate(module, forward):
+        return f"accelerate's {type(module.__dict__.get('_hf_hook')).__name__}"
+    return f"an instance forward ({getattr(forward, '__qualname__', type(forward).__name__)})"
+
+
+def _put_over(module: nn.Module, top: Any) -> None:
+    """Put an ac-core forward over the foreign ``top``, and where its library keeps what it restores, another."""
+    if _reaches_ours(module, top):
+        _note(logging.INFO, "over", module, _describe(module, top))
+    else:
+        # The deepest place that a library keeps a forward in (the first it wrapped): its removal puts ours back.
+        kept = None
+        for target, put in _links(module, top):
+            if put is not None and target is not None:
+                kept = target, put
+        if kept is not None:
+            target, put = kept
+            put(_ChainedForward(module, None if _is_class_forward(module, target) else target))
+            _note(logging.INFO, "kept", module, _describe(module, top))
+    module.__dict__["forward"] = _ChainedForward(module, top)
 
 
 def add(module: nn.Module, layer: ForwardLayer) -> None:
@@ -96,8 +318,11 @@ def add(module: nn.Module, layer: ForwardLayer) -> None:
             break
     else:
         chain.layers.append(layer)
-    if not _installed(module):
+    top = module.__dict__.get("forward")
+    if top is None:
         module.__dict__["forward"] = _ChainedForward(module)
+    elif not _is_ours(top, module):
+        _put_over(module, top)
 
 
 def remove(module: nn.Module, kind: str) -> ForwardLayer | None:
@@ -111,15 +336,43 @@ def remove(module: nn.Module, kind: str) -> ForwardLayer | None:
     found = next((layer for layer in chain.layers if layer.kind == kind), None)
     if found is None:
         return None
+    if len(chain.layers) == 1:
+        _take_out(module, found)
     chain.layers.remove(found)
     if not chain.layers:
         del module.__dict__[CHAIN_ATTR]
-        if _installed(module):
-            if chain.previous_forward is None:
-                module.__dict__.pop("forward", None)
-            else:
-                module.__dict__["forward"] = chain.previous_forward
     return found
+
+
+def _take_out(module: nn.Module, last: ForwardLayer) -> None:
+    """Take ac-core's forwards off ``module`` (its last layer goes): from the top, and where libraries keep them."""
+    top = module.__dict__.get("forward")
+    if not _reaches_ours(module, top):
+        _note(logging.WARNING, "gone", module, _describe(module, top), last)
+        return
+    while _is_ours(top, module):
+        top = top.below
+        if top is None:
+            module.__dict__.pop("forward", None)
+        else:
+            module.__dict__["forward"] = top
+    stays = False
+    forward = top
+    for _ in range(_WALK_LIMIT):
+        found = _link(module, forward) if forward is not None else None
+        if found is None:
+            break
+        target, put = found
+        if _is_ours(target, module):
+            if put is None:
+                stays = True
+            else:
+                while _is_ours(target, module):
+                    target = target.below
+                put(types.MethodType(type(module).forward, module) if target is None else target)
+        forward = target
+    if stays:
+        _note(logging.INFO, "stays", module, _describe(module, top), last)
 
 
 def get(module: nn.Module, kind: str) -> ForwardLayer | None:
@@ -130,8 +383,94 @@ def get(module: nn.Module, kind: str) -> ForwardLayer | None:
     return next((layer for layer in chain.layers if layer.kind == kind), None)
 
 
+def active(module: nn.Module) -> bool:
+    """Whether ``module``'s layers run when it is called: it has some, and its forward reaches ac-core's."""
+    if module.__dict__.get(CHAIN_ATTR) is None:
+        return False
+    top = module.__dict__.get("forward")
+    return _is_ours(top, module) or (top is not None and _reaches_ours(module, top))
+
+
+def check(module: nn.Module) -> bool:
+    """:func:`active`, and where ``module`` has layers that no longer run, a warning saying what replaced them."""
+    if active(module):
+        return True
+    if module.__dict__.get(CHAIN_ATTR) is not None:
+        _note(logging.WARNING, "dropped", module, _describe(module, module.__dict__.get("forward")))
+    return False
+
+
+def _settle(root: nn.Module) -> None:
+    """Put ac-core's layers over every foreign forward set over ac-core's in ``root`` and its submodules."""
+    for module in root.modules():
+        if module.__dict__.get(CHAIN_ATTR) is None:
+            continue
+        top = module.__dict__.get("forward")
+        if not _is_ours(top, module) and top is not None and _reaches_ours(module, top):
+            _put_over(module, top)
+        else:
+            check(module)
+
+
+def link_root(root: nn.Module) -> None:
+    """Note ``root`` as the model of every module with layers in it: a foreign forward found at one call settles all."""
+    for module in root.modules():
+        chain: _Chain | None = module.__dict__.get(CHAIN_ATTR)
+        if chain is not None:
+            chain.root = ModuleRef(root)
+
+
 def original_forward(module: nn.Module) -> Callable[..., Any]:
     """The forward below every layer, bound to ``module``: what its signature and behaviour are without ac-core."""
     chain: _Chain | None = module.__dict__.get(CHAIN_ATTR)
     previous = chain.previous_forward if chain is not None else module.__dict__.get("forward")
     return previous if previous is not None else types.MethodType(type(module).forward, module)
+
+
+# What happened to whose forward, logged together at the end of the outermost ``reports()``.
+_MESSAGES = {
+    "found": "ac-core: a call of %(names)s came up through %(detail)s, set over ac-core's forward after ac-core's: "
+    "checkpointing sat out that call, as its recompute could not have run that forward again",
+    "over": "ac-core: %(detail)s set over ac-core's forward of %(names)s: ac-core's layers run above it from now "
+    "on, so a checkpoint's recompute runs it too",
+    "kept": "ac-core: %(detail)s already on %(names)s: ac-core's layers run above it (a checkpoint's recompute "
+    "runs it too), and removing that hook puts back ac-core's forward",
+    "stays": "ac-core: %(detail)s on %(names)s still calls ac-core's forward, which now passes straight through",
+    "gone": "ac-core: ac-core's forward of %(names)s had been replaced by %(detail)s (its library put back a "
+    "forward from before ac-core's), so it was not checkpointed; that forward is left as it is",
+    "dropped": "ac-core: ac-core's forward of %(names)s has been replaced by %(detail)s (its library put back a "
+    "forward from before ac-core's), so it is not checkpointed; apply ac-core again to checkpoint it",
+}
+_collected: list[tuple[int, str, str, str]] | None = None
+
+
+@contextlib.contextmanager
+def reports() -> Iterator[None]:
+    """Log what happens to foreign forwards inside the block once per kind, naming every module it happened to."""
+    global _collected
+    if _collected is not None:
+        yield
+        return
+    _collected = []
+    try:
+        yield
+    finally:
+        collected, _collected = _collected, None
+        grouped: dict[tuple[int, str, str], list[str]] = {}
+        for level, what, name, detail in collected:
+            names = grouped.setdefault((level, what, detail), [])
+            if name not in names:
+                names.append(name)
+        for (level, what, detail), names in grouped.items():
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            logger.log(level, _MESSAGES[what], {"names": shown, "detail": detail})
+
+
+def _note(level: int, what: str, module: nn.Module, detail: str, layer: ForwardLayer | None = None) -> None:
+    chain: _Chain | None = module.__dict__.get(CHAIN_ATTR)
+    layers = [layer] if layer is not None else chain.layers if chain is not None else []
+    path = next((getattr(each, "path", None) for each in layers if isinstance(getattr(each, "path", None), str)), None)
+    name = type(module).__name__ if path is None else f"{path or 'the model'} ({type(module).__name__})"
+    with reports():
+        assert _collected is not None
+        _collected.append((level, what, name, detail))

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
-from . import _chain
+from . import _chain, library_checkpointing
 from .offload import _regions as offload_regions
 from .ops import BlockRetention, selective_context, warn_nothing_retained
 from .policy import CheckpointType
@@ -90,14 +90,27 @@ class CheckpointLayer(_chain.ForwardLayer):
     """
 
     kind = KIND
+    # Recomputes its call in backward: runs above any foreign forward on the block (see _chain).
+    reruns = True
 
     def __init__(
-        self, policy: CheckpointType, retained: frozenset[str], path: str, expects_attention: bool = True
+        self,
+        policy: CheckpointType,
+        retained: frozenset[str],
+        path: str,
+        expects_attention: bool = True,
+        *,
+        root: nn.Module | None = None,
     ) -> None:
         self.policy = policy
         self.retained = retained
         self.path = path
         self.expects_attention = expects_attention
+        # The model ``path`` is an FQN in (weakly): where the model library's own checkpointing is switched on
+        # after ac-core's (on the model, as diffusers does, or on the block, as transformers does), the next
+        # forward finds it on the way from there to the block and turns it off again.
+        self.root = library_checkpointing.ModuleRef(root)
+        self.segments: tuple[str, ...] = tuple(path.split(".")) if path else ()
         # Training mode -> whether the block's first forward in that mode ran a random op.
         self.random_ops: dict[bool, bool] = {}
 
@@ -117,6 +130,11 @@ class CheckpointLayer(_chain.ForwardLayer):
         return seen or _has_active_randomness(module), None
 
     def forward(self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        if not torch.compiler.is_compiling():
+            root = self.root()
+            found = library_checkpointing.switched_on(root, self.segments, module)
+            if found is not None:
+                library_checkpointing.keep_ours(root, module, found, str(self.policy))
         if not torch.is_grad_enabled():
             return call_next(*args, **kwargs)
         preserve_rng, detector = self._rng_options(module)

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from . import _checkpoint
+from . import _chain, _checkpoint
 from ._conflicts import check_foreign_wrappers
 from ._deprecated import UNSET, renamed
 from .library_checkpointing import disable_library_checkpointing
@@ -64,14 +64,17 @@ def apply_activation_checkpointing(
     # Everything is validated: from here on the model changes.
     disable_library_checkpointing(model)
     _prepare(plan)
-    remove_activation_checkpointing(model)
-    for choice in selected:
-        layer = _checkpoint.CheckpointLayer(
-            choice.kind, choice.retained, choice.block.path, choice.block.expects_attention
-        )
-        _checkpoint.install(choice.block.module, layer)
-    if prepared_offload is not None:
-        prepared_offload.install()
+    # Foreign forwards (diffusers', accelerate's hooks) met on the way are reported once for all blocks.
+    with _chain.reports():
+        remove_activation_checkpointing(model)
+        for choice in selected:
+            layer = _checkpoint.CheckpointLayer(
+                choice.kind, choice.retained, choice.block.path, choice.block.expects_attention, root=model
+            )
+            _checkpoint.install(choice.block.module, layer)
+        if prepared_offload is not None:
+            prepared_offload.install()
+    _chain.link_root(model)
     logger.info(
         "ac-core: %s checkpointing on %d of %d blocks of %s (%s)%s",
         config.name,
@@ -85,31 +88,52 @@ def apply_activation_checkpointing(
 
 
 def _prepare(plan: BlockPlan) -> None:
-    """What the adapter says training under checkpointing needs (e.g. Llama's KV cache off)."""
+    """What the adapter says training under checkpointing needs (e.g. Llama's KV cache off), done to the model it
+    serves (inside a wrapper too); and for a model with a KV cache (a transformers model whose config has
+    ``use_cache``), training forwards without it, whichever route named the blocks (the adapter or ``blocks=``)."""
     if plan.adapter is not None and plan.adapter.prepare is not None:
-        plan.adapter.prepare(plan.model)
+        plan.adapter.prepare(plan.served_model)
+    # Imported here: it imports this module (is_activation_checkpointed).
+    from .libraries.transformers import train_without_kv_cache
+
+    train_without_kv_cache(plan.model)
 
 
 def remove_activation_checkpointing(model: nn.Module) -> nn.Module:
-    """Restore the plain forward of every block ac-core checkpointed in ``model``, and remove its offload."""
-    offload_model.uninstall(model)
-    for module in model.modules():
-        _checkpoint.uninstall(module)
+    """Restore the plain forward of every block ac-core checkpointed in ``model``, and remove its offload.
+
+    Another library's hook on a block (diffusers', accelerate's) stays, whichever was applied first. Where
+    such a library had replaced ac-core's forward with the one it kept from before ac-core's, that forward
+    is left as it is, with a warning.
+    """
+    with _chain.reports():
+        offload_model.uninstall(model)
+        for module in model.modules():
+            _checkpoint.uninstall(module)
     return model
 
 
 def checkpointed_blocks(model: nn.Module) -> dict[str, CheckpointType]:
-    """FQN -> policy (FULL or OPS) of every block of ``model`` that ac-core checkpoints (``""``: the model)."""
+    """FQN -> policy (FULL or OPS) of every block of ``model`` that ac-core checkpoints (``""``: the model).
+
+    A block whose ac-core forward another library replaced without keeping it (e.g. removing its hook put
+    back the forward from before ac-core's) is not checkpointed: it is left out, with a warning.
+    """
     result: dict[str, CheckpointType] = {}
-    for name, module in model.named_modules():
-        layer = _checkpoint.layer_of(module)
-        if layer is not None:
-            result[name] = layer.policy
+    with _chain.reports():
+        for name, module in model.named_modules():
+            layer = _checkpoint.layer_of(module)
+            if layer is not None and _chain.check(module):
+                result[name] = layer.policy
     return result
 
 
 def is_activation_checkpointed(module: nn.Module) -> bool:
-    """True for a checkpointed block and for any module containing one (ac-core's or torch's wrapper)."""
+    """True for a checkpointed block and for any module containing one (ac-core's or torch's wrapper).
+
+    A block whose ac-core forward no longer runs (another library replaced it) is not checkpointed.
+    """
     return any(
-        _checkpoint.layer_of(m) is not None or hasattr(m, "_checkpoint_wrapped_module") for m in module.modules()
+        (_checkpoint.layer_of(m) is not None and _chain.active(m)) or hasattr(m, "_checkpoint_wrapped_module")
+        for m in module.modules()
     )

@@ -1,16 +1,28 @@
 """The model libraries' own gradient checkpointing (diffusers, transformers): one table of their switches.
 
 ac-core turns it off before checkpointing a model itself (blocks checkpointed twice would recompute
-twice); ``ac-core bench`` and the conformance suite turn it on to compare against it.
+twice), and again where it is switched on afterwards (``gradient_checkpointing_enable()``, the
+Trainer's ``gradient_checkpointing=True``, diffusers' ``enable_gradient_checkpointing()``): each
+checkpointed block checks at its forward; ``ac-core bench`` and the conformance suite turn it on to
+compare against it.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
+from typing import Any
 
 from torch import nn
 
+from .registry import unwrap_model
+from .warnings import warn_once
+
 logger = logging.getLogger("ac_core")
+
+FLAG = "gradient_checkpointing"
+"""The attribute both libraries set to True on each module whose forward checkpoints (transformers: every decoder
+layer and its model; diffusers: the model whose forward loops over the blocks)."""
 
 SWITCHES: tuple[tuple[str, str], ...] = (
     ("enable_gradient_checkpointing", "disable_gradient_checkpointing"),  # diffusers ModelMixin
@@ -48,10 +60,14 @@ def enable_library_checkpointing(model: nn.Module) -> str:
 
 
 def _turn_off(model: nn.Module) -> str:
-    # Only the disable method matters here: a model may offer it without its enable twin.
-    disable = next((off for _, off in SWITCHES if callable(getattr(model, off, None))), None)
-    if disable is not None:
-        getattr(model, disable)()
+    # Only the disable method matters here: a model may offer it without its enable twin. A wrapper without one
+    # (DDP) is looked through to the model it wraps.
+    disable = None
+    for _, level in unwrap_model(model):
+        disable = next((off for _, off in SWITCHES if callable(getattr(level, off, None))), None)
+        if disable is not None:
+            getattr(level, disable)()
+            break
     for m in model.modules():
         if getattr(m, "gradient_checkpointing", False) is True:
             m.gradient_checkpointing = False  # pyright: ignore[reportArgumentType]
@@ -59,7 +75,8 @@ def _turn_off(model: nn.Module) -> str:
 
 
 def _library_name(model: nn.Module) -> str:
-    top = type(model).__module__.split(".")[0]
+    # The model inside a wrapper (a PeftModel, torch.compile, DDP) names the library.
+    top = type(unwrap_model(model)[-1][1]).__module__.split(".")[0]
     return {"diffusers": "diffusers", "transformers": "transformers"}.get(top, "the model's own")
 
 
@@ -84,3 +101,74 @@ def disable_library_checkpointing(model: nn.Module, level: int | None = logging.
             how,
         )
     return modules
+
+
+class ModuleRef:
+    """A weak reference to the model a checkpointed block belongs to, kept by the block's checkpoint layer.
+
+    Weak, so that a block does not keep its model alive. It pickles and deep-copies along with the model:
+    pickled, it refers to the model (pickled with it, once); deep-copied with the model, it refers to the copy;
+    a block deep-copied on its own gets an empty reference (its own flag is still checked).
+    """
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, module: nn.Module | None = None) -> None:
+        self._ref = None if module is None else weakref.ref(module)
+
+    def __call__(self) -> nn.Module | None:
+        return None if self._ref is None else self._ref()
+
+    def __reduce__(self) -> tuple[type, tuple[nn.Module | None]]:
+        return ModuleRef, (self(),)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ModuleRef:
+        module = self()
+        copied = None if module is None else memo.get(id(module))
+        return ModuleRef(copied if isinstance(copied, nn.Module) else None)
+
+
+def switched_on(root: nn.Module | None, segments: tuple[str, ...], block: nn.Module) -> str | None:
+    """The FQN (in ``root``) of the first module on the way from ``root`` to ``block`` (at ``segments``) whose
+    library checkpointing is on, or None. Cheap enough for every block forward: one dict read per module.
+
+    Both libraries switch on by setting ``gradient_checkpointing = True`` on the instance.
+    """
+    if block.__dict__.get(FLAG) is True:
+        return ".".join(segments)
+    module = root
+    for depth in range(len(segments)):
+        if module is None:
+            return None
+        if module.__dict__.get(FLAG) is True:
+            return ".".join(segments[:depth])
+        module = module._modules.get(segments[depth])
+    return None
+
+
+_SWITCHED_ON_BY = {
+    "transformers": "gradient_checkpointing_enable() / activation_checkpointing_enable(), or the Trainer's "
+    "gradient_checkpointing=True",
+    "diffusers": "enable_gradient_checkpointing()",
+}
+
+
+def keep_ours(root: nn.Module | None, block: nn.Module, found: str, kept: str) -> None:
+    """Library checkpointing was switched on beneath (or over) ac-core's after ac-core was applied: turn it off
+    again on ``root`` (or on ``block`` where the model is unknown) and say so, once per process and model class."""
+    model = root if root is not None else block
+    library = _library_name(model)
+    how = _turn_off(model)
+    warn_once(
+        f"library_checkpointing_after_apply:{type(model).__name__}",
+        "ac-core: %s gradient checkpointing was switched on for %s after ac-core checkpointed its blocks (found "
+        "gradient_checkpointing=True on %s; e.g. by %s), so each block would be checkpointed twice and recomputed "
+        "twice in backward. Kept ac-core's %r checkpointing and turned the library's off with %s. To use the "
+        "library's instead, call ac_core.remove_activation_checkpointing(model) before switching it on.",
+        library,
+        type(model).__name__,
+        repr(found) if found else "the model itself",
+        _SWITCHED_ON_BY.get(library, "its gradient_checkpointing_enable() / enable_gradient_checkpointing()"),
+        kept,
+        how,
+    )

@@ -7,22 +7,38 @@ Every consumer (checkpointing policies, offload, the torch.compile route, the co
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from torch import nn
 
-from ._versions import check_version
 from .errors import AdapterError
-from .registry import get_adapter
+from .registry import get_adapter, unwrap_model
 from .spec import AdapterSpec, ModelSpec
+from .versions import check_version
 
 _CONTAINER_TYPES = (nn.ModuleList, nn.Sequential)
 
 
+def _block_like(container: nn.Module) -> bool:
+    # Repeated blocks: two or more children of one class, each a module with modules of its own.
+    children = list(container.children())
+    return len(children) >= 2 and len({type(c) for c in children}) == 1 and any(children[0].children())
+
+
 def module_lists(model: nn.Module) -> list[str]:
-    """FQNs of every ModuleList/Sequential in ``model``: the candidates for ``blocks=``."""
-    return [name for name, m in model.named_modules() if name and isinstance(m, _CONTAINER_TYPES)]
+    """FQNs of every ModuleList/Sequential in ``model``, the candidates for ``blocks=``: lists of repeated blocks
+    first, then the small inner ones (``attn.to_out``, ``ff.net``) outside them."""
+    lists = [(name, m) for name, m in model.named_modules() if name and isinstance(m, _CONTAINER_TYPES)]
+    blocks = [name for name, m in lists if _block_like(m)]
+    inside = tuple(f"{name}." for name in blocks)
+    return blocks + [name for name, m in lists if name not in blocks and not name.startswith(inside)]
+
+
+def _did_you_mean(path: str, model: nn.Module) -> str:
+    close = difflib.get_close_matches(path, module_lists(model), n=1, cutoff=0.6)
+    return f" Did you mean {close[0]!r}?" if close else ""
 
 
 def modules_at(model: nn.Module, path: str) -> list[tuple[str, nn.Module]] | None:
@@ -91,7 +107,10 @@ class BlockPlan:
     """A model's blocks as its adapter (or ``blocks=``) declares them, resolved against the model itself.
 
     ``adapter`` and ``model_spec`` are None where ``blocks=`` named the containers; ``source`` says in
-    words who named them (``"adapter 'wan'"`` or ``"blocks="``), for messages.
+    words who named them (``"adapter 'wan'"`` or ``"blocks="``), for messages. Every path is an FQN in
+    ``model``, the model as passed: for a model inside a wrapper (a peft ``PeftModel``, torch.compile's
+    ``OptimizedModule``, DDP) the adapter serves the model at ``served_path`` (``"base_model.model"`` in a
+    PeftModel, ``"_orig_mod"``, ``"module"``; ``""``: the model itself), and block paths start with it.
     """
 
     model: nn.Module
@@ -100,6 +119,12 @@ class BlockPlan:
     containers: tuple[Container, ...]
     excluded: tuple[ExcludedModules, ...]
     source: str
+    served_path: str = ""
+
+    @property
+    def served_model(self) -> nn.Module:
+        """The module at ``served_path``: the model the adapter serves (``model`` itself unless wrapped)."""
+        return self.model.get_submodule(self.served_path)
 
     @property
     def blocks(self) -> tuple[Block, ...]:
@@ -120,20 +145,51 @@ class BlockPlan:
 
 def _not_served(adapter: AdapterSpec, model: nn.Module) -> AdapterError:
     served = ", ".join(m.class_name for m in adapter.models)
+    wrapped = "".join(f", wrapping {type(inner).__name__} at {path!r}" for path, inner in unwrap_model(model)[1:])
     return AdapterError(
-        f"adapter {adapter.name!r} does not serve {type(model).__name__} (it serves {served}); pass the right "
-        "adapter, or name the containers with blocks=[...]"
+        f"adapter {adapter.name!r} does not serve {type(model).__name__}{wrapped} (it serves {served}); pass the "
+        f"right adapter, or name the containers with blocks=[...] (FQNs in the model you pass; its ModuleLists are "
+        f"{module_lists(model) or 'none'})"
     )
 
 
-def _containers(model: nn.Module, paths: Sequence[str], source: str, attention_free: frozenset[str]) -> list[Container]:
+def _served(spec: AdapterSpec, model: nn.Module) -> tuple[str, nn.Module, ModelSpec]:
+    """The (FQN, module, model spec) of the first of ``model`` and the models it wraps that ``spec`` serves."""
+    for path, inner in unwrap_model(model):
+        model_spec = spec.model_spec(inner)
+        if model_spec is not None:
+            return path, inner, model_spec
+    raise _not_served(spec, model)
+
+
+def _prefixed(prefix: str, path: str) -> str:
+    return f"{prefix}.{path}" if prefix else path
+
+
+def _resolve_path(model: nn.Module, path: str, served_path: str | None) -> list[tuple[str, nn.Module]] | None:
+    """The modules ``path`` names, as FQNs in ``model``: under the served model (an adapter's containers), or
+    where ``served_path`` is None (``blocks=``), in ``model`` itself and else in the first model it wraps that
+    has them (``blocks=["model.layers"]`` on a PeftModel)."""
+    if served_path is not None:
+        found = modules_at(model.get_submodule(served_path), path)
+        return None if found is None else [(_prefixed(served_path, fqn), m) for fqn, m in found]
+    for prefix, inner in unwrap_model(model):
+        found = modules_at(inner, path)
+        if found is not None:
+            return [(_prefixed(prefix, fqn), m) for fqn, m in found]
+    return None
+
+
+def _containers(
+    model: nn.Module, paths: Sequence[str], source: str, attention_free: frozenset[str], served_path: str | None
+) -> list[Container]:
     result = []
     for path in paths:
-        resolved = modules_at(model, path)
+        resolved = _resolve_path(model, path, served_path)
         if resolved is None:
             raise AdapterError(
                 f"{source} names block container {path!r}, which {type(model).__name__} does not have; "
-                f"its ModuleLists are {module_lists(model) or 'none'}"
+                f"its ModuleLists are {module_lists(model) or 'none'}.{_did_you_mean(path, model)}"
             )
         for fqn, container in resolved:
             if not isinstance(container, _CONTAINER_TYPES):
@@ -163,18 +219,24 @@ def resolve_blocks(
     ``"module:attr"``), or given as an :class:`AdapterSpec`. ``blocks=["layers"]`` names the containers
     instead (no adapter needed; with ``adapter=`` too, the adapter still supplies its attention ops).
     ``check_versions=False`` skips the library-version check (``ac-core inspect`` reports it instead).
+
+    A model inside a peft ``PeftModel``, torch.compile's ``OptimizedModule`` or DDP (as accelerate's
+    ``prepare`` gives it) is served by its own adapter, and every path in the plan is an FQN in the model as
+    passed (``base_model.model.model.layers.0`` for a PeftModel of a LlamaForCausalLM). ``blocks=`` paths
+    are FQNs in the model as passed, or else paths in the model it wraps (``blocks=["model.layers"]``).
     """
     if blocks is not None and isinstance(blocks, str):
         raise TypeError(f"blocks takes a list of container paths, e.g. blocks=[{blocks!r}]")
     spec = get_adapter(model if adapter is None else adapter) if adapter is not None or blocks is None else None
     model_spec = None
+    served_path = ""
     if blocks is not None:
         paths, source, excluded_specs = tuple(blocks), "blocks=", ()
+        if spec is not None:  # adapter= with blocks=: it need not serve the model, but where it does, say where
+            served_path = next((path for path, inner in unwrap_model(model) if spec.serves(inner)), "")
     else:
         assert spec is not None
-        model_spec = spec.model_spec(model)
-        if model_spec is None:
-            raise _not_served(spec, model)
+        served_path, _, model_spec = _served(spec, model)
         if check_versions:
             check_version(spec, model_spec)
         paths, source, excluded_specs = model_spec.containers, f"adapter {spec.name!r}", model_spec.excluded
@@ -183,14 +245,19 @@ def resolve_blocks(
         if model_spec is not None
         else frozenset()
     )
-    containers = _containers(model, paths, source, attention_free)
+    containers = _containers(model, paths, source, attention_free, None if model_spec is None else served_path)
     if not any(container.blocks for container in containers):
         raise AdapterError(
             f"{source} matched no block in {type(model).__name__} (containers {list(paths)} are empty); "
             f"its ModuleLists are {module_lists(model) or 'none'}"
         )
-    excluded = tuple(ExcludedModules(e.path, e.reason, tuple(modules_at(model, e.path) or ())) for e in excluded_specs)
-    return BlockPlan(model, spec, model_spec, tuple(containers), excluded, source)
+    excluded = tuple(
+        ExcludedModules(
+            _prefixed(served_path, e.path), e.reason, tuple(_resolve_path(model, e.path, served_path) or ())
+        )
+        for e in excluded_specs
+    )
+    return BlockPlan(model, spec, model_spec, tuple(containers), excluded, source, served_path)
 
 
 def model_blocks(

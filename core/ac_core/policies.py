@@ -18,9 +18,15 @@ from .policy import CheckpointType
 
 
 class PolicyConfig:
-    """Base of every policy config. ``name`` is the string that selects it (``"full"``, ``"ops"`` ...)."""
+    """Base of every policy config. ``name`` is the string that selects it (``"full"``, ``"ops"`` ...).
+
+    ``by_name`` is False for a policy that cannot be built from its name alone (a memory budget needs the
+    budget and example inputs): it is applied as a config only, and :func:`registered_policies` (what bench
+    rows and the conformance suite run) leaves it out.
+    """
 
     name: ClassVar[str]
+    by_name: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)
@@ -61,11 +67,16 @@ class BlockSkip(PolicyConfig):
 
 @dataclass(frozen=True)
 class BlockSelection:
-    """One block a policy checkpoints: ``kind`` FULL or OPS, and for OPS the op names whose outputs are kept."""
+    """One block a policy checkpoints: ``kind`` FULL or OPS, and for OPS the op names whose outputs are kept.
+
+    ``layer`` builds the block's checkpoint layer where the policy needs its own (called with the arguments
+    of :class:`~ac_core._checkpoint.CheckpointLayer`); None installs a CheckpointLayer.
+    """
 
     block: Block
     kind: CheckpointType
     retained: frozenset[str] = frozenset()
+    layer: Callable[..., Any] | None = None
 
 
 C = TypeVar("C", bound=PolicyConfig)
@@ -99,13 +110,9 @@ def unregister_policy(config_type: type[PolicyConfig]) -> None:
 
 
 def registered_policies() -> dict[str, type[PolicyConfig]]:
-    """Policy name -> config type, in registration order (``full``, ``ops``, ``block_skip``, then others)."""
-    return dict(_by_name)
-
-
-def policy_names() -> tuple[str, ...]:
-    """The names :func:`policy_config` accepts."""
-    return tuple(_by_name)
+    """Policy name -> config type of every policy a name selects, in registration order (``full``, ``ops``,
+    ``block_skip``, then others); policies applied as configs only (``by_name = False``) are left out."""
+    return {name: config_type for name, config_type in _by_name.items() if config_type.by_name}
 
 
 def policy_config(
@@ -128,8 +135,8 @@ def policy_config(
             raise TypeError(f"{type(policy).__name__} is a PolicyConfig with no registered handler (register_policy)")
         return policy
     name = policy.value if isinstance(policy, CheckpointType) else policy
-    if not isinstance(name, str) or name not in _by_name:
-        valid = ", ".join(repr(n) for n in _by_name)
+    if not isinstance(name, str) or name not in registered_policies():
+        valid = ", ".join(repr(n) for n in registered_policies())
         raise ValueError(
             f"unknown checkpointing type {policy!r}; valid types are {valid}, or a config such as ac_core.Full()"
         )

@@ -1,4 +1,5 @@
-"""Adapter discovery: the ``ac_core.adapters`` entry-point group plus adapters registered in code."""
+"""Adapter discovery: the ``ac_core.adapters`` entry-point group plus adapters registered in code, and the model
+inside common wrappers (peft, torch.compile, DDP, accelerate) that an adapter serves."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 from importlib.metadata import entry_points
 
 from torch import nn
+from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from .errors import AdapterError
 from .refs import is_ref, load_ref
@@ -88,6 +90,63 @@ def _load(ref: str) -> AdapterSpec:
     return spec
 
 
+def _find(outer: nn.Module, inner: nn.Module) -> str | None:
+    if inner is outer:
+        return None
+    return next((name for name, module in outer.named_modules() if module is inner), None)
+
+
+def _wrapped(module: nn.Module) -> tuple[str, nn.Module] | None:
+    """(FQN, module) of the model ``module`` wraps, or None where it wraps nothing known."""
+    children = module._modules
+    # torch.compile's OptimizedModule (also what accelerate's dynamo plugin returns).
+    inner = children.get("_orig_mod")
+    if inner is not None:
+        return "_orig_mod", inner
+    # DDP and DataParallel (accelerate's prepare gives one of them, or the model itself), and any wrapper whose
+    # one child is `module` (as they are).
+    inner = children.get("module")
+    if inner is not None and (isinstance(module, (DistributedDataParallel, DataParallel)) or len(children) == 1):
+        return "module", inner
+    if type(module).__module__.split(".")[0] == "peft":
+        # PeftModel: get_base_model() is the model under its tuner (base_model.model); a tuner (LoraModel) holds
+        # it as `model`.
+        get_base = getattr(type(module), "get_base_model", None)
+        inner = get_base(module) if callable(get_base) else children.get("model")
+        if isinstance(inner, nn.Module):
+            name = _find(module, inner)
+            if name is not None:
+                return name, inner
+    return None
+
+
+def unwrap_model(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``model`` and each model it wraps, outermost first, as (FQN in ``model``, module); ``[("", model)]`` for a
+    model in no known wrapper.
+
+    Known wrappers: peft's ``PeftModel`` (its ``get_base_model()``) and tuners, torch.compile's
+    ``OptimizedModule`` (``_orig_mod``), DDP/DataParallel (``.module``; accelerate's ``prepare`` gives one of
+    those or the model itself) and any module whose one child is ``module``.
+    """
+    levels = [("", model)]
+    seen = {id(model)}
+    while True:
+        prefix, module = levels[-1]
+        step = _wrapped(module)
+        if step is None or id(step[1]) in seen:
+            return levels
+        seen.add(id(step[1]))
+        levels.append((f"{prefix}.{step[0]}" if prefix else step[0], step[1]))
+
+
+def _wrapping(model: nn.Module) -> str:
+    """`` (wrapping a.B, wrapping c.D)`` for a wrapped model, else empty: for messages."""
+    return "".join(
+        f" (wrapping {type(inner).__module__}.{type(inner).__qualname__} at {path!r})"
+        for path, inner in unwrap_model(model)[1:]
+    )
+
+
 def get_adapter(model_or_name: nn.Module | type | str | AdapterSpec) -> AdapterSpec:
     """The adapter for a model (instance or class), a registered name, ``"module:attr"``, or a spec (as is)."""
     if isinstance(model_or_name, AdapterSpec):
@@ -113,13 +172,21 @@ def get_adapter(model_or_name: nn.Module | type | str | AdapterSpec) -> AdapterS
     adapters = registered_adapters()
     cls = model_or_name if isinstance(model_or_name, type) else type(model_or_name)
     matches = [spec for spec in adapters.values() if spec.serves(cls)]
+    if not matches and isinstance(model_or_name, nn.Module):
+        # A wrapped model: the adapter of the first model inside that one serves.
+        for _, inner in unwrap_model(model_or_name)[1:]:
+            matches = [spec for spec in adapters.values() if spec.serves(inner)]
+            if matches:
+                cls = type(inner)
+                break
     if len(matches) > 1:
         raise AdapterError(
             f"{cls.__name__} is served by several adapters {[s.name for s in matches]}; name one with adapter=..."
         )
     if not matches:
         raise AdapterError(
-            f"no registered adapter serves {cls.__module__}.{cls.__qualname__}; registered adapters: "
+            f"no registered adapter serves {cls.__module__}.{cls.__qualname__}"
+            f"{_wrapping(model_or_name) if isinstance(model_or_name, nn.Module) else ''}; registered adapters: "
             f"{sorted(adapters) or 'none'}. Name its block containers instead, e.g. "
             "apply_activation_checkpointing(model, 'full', blocks=['layers'])."
         )

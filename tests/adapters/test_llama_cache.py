@@ -16,10 +16,15 @@ transformers = pytest.importorskip("transformers")
 llama = pytest.importorskip("ac_core_adapters.models.llama")
 
 
-def test_without_the_adapter_per_op_checkpointing_meets_the_cache_error():
-    # The failure the adapter exists to prevent: blocks= applies no adapter, so nothing turns the cache off.
+def test_without_the_cache_guard_per_op_checkpointing_meets_the_cache_error():
+    # The failure the guard exists to prevent, shown by taking it off again. blocks= gets the guard too
+    # (tests/integration/test_wrappers.py trains that route).
     case = llama.tiny_llama_for_causal_lm()
     apply_activation_checkpointing(case.model, "ops", blocks=["model.layers"])
+    for module in case.model.modules():
+        for key, hook in list(module._forward_pre_hooks.items()):
+            if transformers_lib._is_guard(hook):
+                del module._forward_pre_hooks[key]
     with pytest.raises(RuntimeError, match=r"aten\.slice\.Tensor invocation .* not found in storage"):
         case.run().backward()
 

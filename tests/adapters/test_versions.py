@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ac_core import UnsupportedVersionError, _versions, apply_activation_checkpointing, checkpointed_blocks
+from ac_core import UnsupportedVersionError, apply_activation_checkpointing, checkpointed_blocks
+from ac_core import versions as ac_versions
 
 from .cases import served
 
@@ -23,7 +24,7 @@ def _installed(versions):
 def test_an_unverified_version_is_refused_clearly(spec, model_spec, monkeypatch):
     case = model_spec.build_tiny()
     names = [n for n, _ in case.model.named_parameters()]
-    monkeypatch.setattr(_versions, "version", _installed(_OUTSIDE))
+    monkeypatch.setattr(ac_versions, "version", _installed(_OUTSIDE))
     with pytest.raises(UnsupportedVersionError) as error:
         apply_activation_checkpointing(case.model, "ops")
     message = str(error.value)
@@ -32,7 +33,7 @@ def test_an_unverified_version_is_refused_clearly(spec, model_spec, monkeypatch)
     assert checkpointed_blocks(case.model) == {}
     assert [n for n, _ in case.model.named_parameters()] == names
 
-    monkeypatch.setattr(_versions, "version", _installed(_INSIDE))
+    monkeypatch.setattr(ac_versions, "version", _installed(_INSIDE))
     apply_activation_checkpointing(case.model, "ops")
     assert checkpointed_blocks(case.model)
 

@@ -89,11 +89,31 @@ def test_missing_library_is_skipped_with_the_install_command(tmp_path, capsys):
         code, data = _bench(tmp_path, "--adapter", "ghost,toy", "--policy", "none")
     finally:
         unregister_adapter(GHOST.name)
-    assert code == 0
+    assert code == 1  # an adapter asked for by name was not measured at all
     ghost = [row for row in data["rows"] if row["adapter"] == "ghost"]
     assert len(ghost) == 1 and ghost[0]["status"] == "skipped"
     assert "pip install 'ac-core[ghost]'" in ghost[0]["reason"]
-    assert "pip install 'ac-core[ghost]'" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "pip install 'ac-core[ghost]'" in captured.out
+    assert "nothing was measured for ghost" in captured.err
+
+
+def test_an_adapter_whose_every_row_is_skipped_for_its_version_fails(tmp_path, capsys):
+    import dataclasses
+
+    from ac_core.testing import TOY_ADAPTER
+
+    old = dataclasses.replace(
+        TOY_ADAPTER, name="old_toy", models=(dataclasses.replace(TOY_ADAPTER.models[0], versions="torch<2.0"),)
+    )
+    register_adapter(old)
+    try:
+        code, data = _bench(tmp_path, "--adapter", "old_toy", "--policy", "none", "--steps", "1", "--warmup", "0")
+    finally:
+        unregister_adapter(old.name)
+    assert code == 1
+    assert [row["status"] for row in data["rows"]] == ["skipped"] and "torch<2.0" in data["rows"][0]["reason"]
+    assert "nothing was measured for old_toy" in capsys.readouterr().err
 
 
 def test_every_registered_adapter_on_the_tiny_preset_in_under_a_minute(tmp_path, toy_registered):

@@ -121,3 +121,6 @@ SDPA_CLAIMED_NOT_RETAINABLE = toy_adapter(
     "sdpa-claimed-not-retainable",
     backends=(AttentionBackend("sdpa", not_retainable="(false) decomposes"),),
 )
+
+# Module-level, so that `--ac-core-adapter tests.conformance.broken:OLD_LIBRARY` can name it.
+OLD_LIBRARY = toy_adapter("old-library", versions="torch<2.0")

@@ -14,6 +14,7 @@ from torch import nn
 
 from ac_core import (
     AdapterError,
+    AttentionBackend,
     BlockSkip,
     ExcludedContainer,
     ModelCase,
@@ -29,10 +30,13 @@ from ac_core_conformance import (
     check_attention_retained,
     check_coverage,
     check_gradients,
+    check_gradients_with_random_ops,
     check_library_checkpointing,
+    check_library_checkpointing_after,
     check_memory,
     check_names,
     check_not_retainable_backend,
+    check_pickle_round_trip,
     default_policies,
     portable_ref,
 )
@@ -115,8 +119,24 @@ def test_undeclared_block_class_in_attention_calls_fails():
 
 
 def test_false_retainable_claim_fails():
-    with pytest.raises(AssertionError, match=r"ran 'math'.s kernel 0 times"):
+    # The declared kernel never runs on the math backend: the message blames the ops, not attention_calls.
+    with pytest.raises(
+        AssertionError,
+        match=r"none of its declared ops .* ran in one forward\. Attention-like ops that did run: \[.*softmax",
+    ):
         check_attention_retained(subject(MATH_CLAIMED_RETAINABLE), "math")
+
+
+def test_misspelled_op_name_is_named_as_the_cause():
+    typo = toy_adapter(
+        "typo", backends=(AttentionBackend("sdpa", ops=("aten::_scaled_dot_product_flash_attention_for_cpux",)),)
+    )
+    with pytest.raises(
+        AssertionError,
+        match=r"Attention-like ops that did run: \['aten::_scaled_dot_product_flash_attention_for_cpu'\]",
+    ) as info:
+        check_attention_retained(subject(typo), "sdpa")
+    assert "attention_calls declares" not in str(info.value)
 
 
 def test_false_retainable_claim_shows_in_memory_too():
@@ -155,7 +175,11 @@ def test_offload_that_moves_a_retained_output_fails():
 
 
 def test_false_not_retainable_claim_fails():
-    with pytest.raises(AssertionError, match="expected one 'retained nothing' warning over two steps, got 0"):
+    with pytest.raises(
+        AssertionError,
+        match=r"no 'retained nothing' warning .* ran \['aten::_scaled_dot_product_flash_attention_for_cpu'\]\. "
+        r"The backend was probably not switched",
+    ):
         check_not_retainable_backend(subject(SDPA_CLAIMED_NOT_RETAINABLE), "sdpa")
 
 
@@ -240,7 +264,49 @@ def test_unknown_adapter_is_a_usage_error_listing_the_registered_ones(tmp_path):
     assert "Registered adapters here: ['cogvideox'" in result.stderr
 
 
+def test_an_unsupported_library_version_fails_once_up_front_naming_the_range(tmp_path):
+    ref = "tests.conformance.broken:OLD_LIBRARY"
+    result = _pytest("--pyargs", "ac_core_conformance", "--ac-core-adapter", ref, cwd=tmp_path)
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR
+    message = f"--ac-core-adapter {ref}: adapter 'old-library' does not declare the installed library version"
+    assert result.stderr.count(message) == 1, result.stderr
+    assert "ToyTransformer declares torch<2.0, installed: " in result.stderr
+    assert "ac-core's" not in result.stderr and " passed" not in result.stdout
+
+
 def test_without_an_adapter_the_packaged_suite_skips_saying_why(tmp_path):
     result = _pytest("--pyargs", "ac_core_conformance", "-k", "coverage", cwd=tmp_path)
     assert result.returncode == 0, result.stdout
     assert "no adapter to check" in result.stdout
+
+
+def test_random_ops_check_fails_where_recompute_does_not_replay_the_rng(monkeypatch):
+    from ac_core import _checkpoint
+
+    toy = subject(TOY_ADAPTER)
+    check_gradients_with_random_ops(toy, "full")  # passes as shipped
+    monkeypatch.setattr(_checkpoint.CheckpointLayer, "_rng_options", lambda self, module: (False, None))
+    with pytest.raises(AssertionError, match=r"torch\.rand masks in every block, first step: .*gradients differ"):
+        check_gradients_with_random_ops(toy, "full")
+
+
+def test_pickle_check_fails_where_the_copy_loses_the_checkpointing(monkeypatch):
+    from ac_core import _chain
+
+    toy = subject(TOY_ADAPTER)
+    check_pickle_round_trip(toy, "ops", "torch.save")  # passes as shipped
+    # As before the chain's forward pickled: loading looks the method up by name on the block and fails.
+    monkeypatch.setattr(_chain._ChainedForward, "__reduce__", lambda self: (getattr, (self.__self__, "_gone")))
+    with pytest.raises(AssertionError, match=r"after a torch\.save round trip: failed only because of ac-core"):
+        check_pickle_round_trip(toy, "ops", "torch.save")
+
+
+def test_library_checkpointing_switched_on_after_apply_fails_where_it_is_not_found(monkeypatch):
+    from ac_core import library_checkpointing
+
+    toy = subject(spec(ToyWithLibraryCheckpointing))
+    message = check_library_checkpointing_after(toy, "ops")  # found and turned off as shipped
+    assert "ToyWithLibraryCheckpointing" in message
+    monkeypatch.setattr(library_checkpointing, "switched_on", lambda *args, **kwargs: None)
+    with pytest.raises(AssertionError, match=r"expected one warning naming ToyWithLibraryCheckpointing"):
+        check_library_checkpointing_after(toy, "ops")

@@ -75,3 +75,12 @@ def test_the_serves_check_and_bad_adapter_arguments_are_said_once_here():
         resolve_blocks(toy_case().model, "no_such_module:SPEC")
     with pytest.raises(TypeError, match=r"blocks=\['layers'\]"):
         resolve_blocks(toy_case().model, blocks="layers")  # type: ignore[arg-type]
+
+
+def test_a_missing_container_lists_block_lists_first_and_suggests_the_near_name():
+    model = toy_case().model  # layers.i.mlp is a Sequential inside each block
+    with pytest.raises(AdapterError) as info:
+        resolve_blocks(model, blocks=["layer"])
+    message = str(info.value)
+    assert "its ModuleLists are ['layers']." in message  # not padded with layers.0.mlp ...
+    assert message.endswith("Did you mean 'layers'?")

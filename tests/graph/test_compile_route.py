@@ -130,3 +130,14 @@ def test_inductor_options_chain_an_existing_pass_and_key_the_cache():
     same = sac_inductor_options()["joint_custom_post_pass"]
     other = sac_inductor_options(ac_core.DEFAULT_SAC_SAVE_OPS | {"mylib::attn"})["joint_custom_post_pass"]
     assert ours.uuid() == same.uuid() != other.uuid()
+
+
+def test_dynamic_eager_policy_names_the_upstream_failure_and_the_ways_that_work(monkeypatch):
+    case = toy_case(depth=2)
+    with pytest.raises(ValueError, match=r"193194.*'ops', dynamic=True.*specialize_float = True"):
+        ac_core.compile(case.model, "full", dynamic=True, backend="aot_eager", blocks=["layers"])
+    assert checkpointed_blocks(case.model) == {}  # refused before anything changed
+    monkeypatch.setattr(torch._dynamo.config, "specialize_float", True)
+    expected = loss_and_grads(toy_case(depth=2))
+    case.model = ac_core.compile(case.model, "full", dynamic=True, backend="aot_eager", blocks=["layers"])
+    assert_same_training(loss_and_grads(case), expected)

@@ -27,6 +27,8 @@ from ac_core import (
 from ac_core.measure import OpCounter, attribute_ops
 from ac_core.offload import OffloadConfig, apply_activation_offload, remove_activation_offload, use_offload_transport
 from ac_core.offload.testing import RecordingTransport
+from ac_core.ops import is_attention_like
+from ac_core.policies import retained_ops
 
 from ..policies import Policy, as_policy, label, recomputes_attention
 from ..probes import capture_logs
@@ -105,9 +107,20 @@ def _calls_per_block(subject: Subject, backend: AttentionBackend, device: str) -
     """Kernel calls of ``backend`` per declared block in one plain forward, checked against attention_calls."""
     case = build(subject, device, backend=backend.name)
     blocks = {block.path: block.module for block in subject.plan(case.model)}
-    with torch.no_grad(), attribute_ops(blocks, lambda op: op_matches(op, backend.ops)) as counts:
+    with torch.no_grad(), OpCounter() as ran, attribute_ops(blocks, lambda op: op_matches(op, backend.ops)) as counts:
         case.run()
     per_block = {fqn: counts.get(fqn, 0) for fqn in blocks}
+    if not any(per_block.values()) and any(
+        subject.model.attention_calls.get(type(b).__name__) for b in blocks.values()
+    ):
+        # Nothing declared ran at all: the op names are wrong, not the counts (or the switch did not take).
+        seen = sorted(op for op in ran.forward if is_attention_like(op))
+        raise AssertionError(
+            f"{subject.id} on backend {backend.name!r} ({device}): none of its declared ops {list(backend.ops)} ran "
+            f"in one forward. Attention-like ops that did run: {seen or 'none'}. Declare the op that carries the "
+            "attention output in AttentionBackend.ops (a dispatcher name, as OpOverload.name() spells it), or "
+            "check that set_backend really switches this model to the backend."
+        )
     problems = []
     for fqn, block in blocks.items():
         cls = type(block).__name__
@@ -228,6 +241,16 @@ def check_not_retainable_backend(subject: Subject, backend: str, device: str = "
         case.run().backward()
     warnings = [r.getMessage() for r in records if "retained nothing" in r.getMessage()]
     what = f"{subject.id} under ops on backend {declared.name!r} ({device}), declared not retainable"
+    if not warnings:
+        with torch.no_grad(), OpCounter() as ran:
+            case.run()
+        kept = sorted(op for op in ran.forward if op_matches(op, retained_ops(subject.plan(case.model))))
+        raise AssertionError(
+            f"{what}: no 'retained nothing' warning over two steps, so 'ops' retained something: the model ran "
+            f"{kept or 'no retainable op'}. The backend was probably not switched (a processor that calls SDPA "
+            "itself ignores the library's backend setting): make set_backend reach it, or declare the backend "
+            "retainable with the ops it reaches."
+        )
     assert len(warnings) == 1, f"{what}: expected one 'retained nothing' warning over two steps, got {len(warnings)}"
     assert_same_step(got, expected, EAGER_TOLERANCE, what)
     return warnings[0]

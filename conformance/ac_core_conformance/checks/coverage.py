@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ac_core import AdapterError, CheckpointType, apply_activation_checkpointing, checkpointed_blocks
+from ac_core.coverage import block_classes, undeclared_containers
 from ac_core.measure import attribute_ops
 from ac_core.ops import is_attention_like
 from ac_core.policies import select
@@ -15,9 +16,6 @@ from ac_core.policies import select
 from ..policies import Policy, as_policy, label
 from ..subjects import Subject
 from ..training import build
-
-# Decoder layers of transformers 5 derive from this class; its name is enough, nothing is imported.
-_TRANSFORMERS_LAYER_BASE = "GradientCheckpointingLayer"
 
 
 @dataclass(frozen=True)
@@ -30,34 +28,6 @@ class CoverageReport:
 
 def _inside(fqn: str, prefixes: set[str]) -> bool:
     return any(fqn == p or fqn.startswith(p + ".") for p in prefixes)
-
-
-def block_classes(model: nn.Module, subject: Subject, declared_blocks: list[nn.Module]) -> frozenset[str]:
-    """Class names that mark a module as one of this model's blocks.
-
-    The classes in its declared containers, those in its ``attention_calls``, and the model's own
-    statement of its repeated blocks: diffusers' and transformers' ``_no_split_modules``, diffusers'
-    ``_repeated_blocks``, and transformers' decoder-layer base class.
-    """
-    names = {type(block).__name__ for block in declared_blocks} | set(subject.model.attention_calls)
-    for attr in ("_no_split_modules", "_repeated_blocks"):
-        value = getattr(model, attr, None) or ()
-        names |= {value} if isinstance(value, str) else {str(v) for v in value}
-    names.add(_TRANSFORMERS_LAYER_BASE)
-    return frozenset(names)
-
-
-def _is_block(module: nn.Module, classes: frozenset[str]) -> str | None:
-    return next((cls.__name__ for cls in type(module).__mro__ if cls.__name__ in classes), None)
-
-
-def _other_containers(model: nn.Module, known: set[str]) -> dict[str, nn.Module]:
-    """ModuleLists/Sequentials outside the declared and excluded containers and their blocks."""
-    return {
-        fqn: module
-        for fqn, module in model.named_modules()
-        if fqn and isinstance(module, (nn.ModuleList, nn.Sequential)) and not _inside(fqn, known)
-    }
 
 
 def check_coverage(subject: Subject, policy: Policy) -> CoverageReport:
@@ -101,21 +71,21 @@ def check_coverage(subject: Subject, policy: Policy) -> CoverageReport:
             f"wrong policy on {wrong}"
         )
 
-    classes = block_classes(model, subject, [block.module for block in plan])
+    classes = block_classes(plan)
     known = {c.path for c in plan.containers} | set(excluded)
-    others = _other_containers(model, known)
+    others = {
+        fqn: module
+        for fqn, module in model.named_modules()
+        if fqn and isinstance(module, (nn.ModuleList, nn.Sequential)) and not _inside(fqn, known)
+    }
     # Static: a container whose elements are block classes.
-    reported: set[str] = set()
-    for fqn, container in others.items():
-        for name, child in container.named_children():
-            cls = _is_block(child, classes)
-            if cls is not None:
-                problems.append(
-                    f"{fqn!r} holds blocks ({cls} at {fqn}.{name}) but is neither a declared container nor declared "
-                    "excluded: add it to the ModelSpec's containers, or to excluded with the reason"
-                )
-                reported.add(fqn)
-                break
+    undeclared = undeclared_containers(plan)
+    for fqn, where in undeclared.items():
+        problems.append(
+            f"{fqn!r} holds blocks ({where}) but is neither a declared container nor declared excluded: add it to "
+            "the ModelSpec's containers, or to excluded with the reason"
+        )
+    reported = set(undeclared)
     # Dynamic: a container whose elements run attention outside the declared blocks.
     hooked: dict[str, nn.Module] = {block.path: block.module for block in plan}
     for blocks in excluded.values():
@@ -147,4 +117,4 @@ def _matches_pattern(fqn: str, path: str) -> bool:
     return len(parts) == len(pattern) and all(p == "*" or p == q for p, q in zip(pattern, parts, strict=True))
 
 
-__all__ = ["CoverageReport", "block_classes", "check_coverage"]
+__all__ = ["CoverageReport", "check_coverage"]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
+from torch import nn
 
 from ac_core import apply_activation_checkpointing
 
@@ -67,4 +70,62 @@ def check_gradients_with_dropout(
     return got
 
 
-__all__ = ["DROPOUT_P", "check_gradients", "check_gradients_with_dropout"]
+RANDOM_DROP = 0.25
+"""Share of features the random-op hooks zero: randomness drawn with ``torch.rand``, no dropout module."""
+
+
+def _drop_features(module: nn.Module, args: Any, output: Any) -> Any:
+    # Randomness ac-core cannot recognise by type: no nn.Dropout, no dropout float, only torch.rand.
+    if not isinstance(output, torch.Tensor) or not torch.is_grad_enabled():
+        return output
+    keep = torch.rand(output.shape[-1], device=output.device) >= RANDOM_DROP
+    return output * keep.to(output.dtype) / (1 - RANDOM_DROP)
+
+
+def add_random_ops(subject: Subject, model: nn.Module) -> int:
+    """Hook each block's first Linear to drop features drawn with ``torch.rand``; returns how many were hooked.
+
+    The hooks run inside the blocks, so recompute runs them again: only replaying the forward's RNG state
+    gives the same masks.
+    """
+    hooked = 0
+    for block in subject.plan(model):
+        linear = next((m for m in block.module.modules() if isinstance(m, nn.Linear)), None)
+        if linear is not None:
+            linear.register_forward_hook(_drop_features)
+            hooked += 1
+    return hooked
+
+
+def check_gradients_with_random_ops(
+    subject: Subject, policy: Policy, device: str = "cpu", *, tolerance: Tolerance = EAGER_TOLERANCE
+) -> Step:
+    """As :func:`check_gradients`, with randomness inside every block that no dropout module carries.
+
+    Stochastic depth drawn with ``torch.rand`` or ``F.dropout`` with p in a plain attribute look like
+    this: gradients must still equal the plain model's, so recompute must replay the RNG state.
+    """
+    config = as_policy(policy)
+    plain = build(subject, device)
+    if add_random_ops(subject, plain.model) == 0:
+        pytest.skip(f"{subject.model.class_name}'s blocks have no nn.Linear to draw random masks after")
+    expected = train_step(plain)
+    case = build(subject, device)
+    add_random_ops(subject, case.model)
+    apply_activation_checkpointing(case.model, config, adapter=subject.adapter)
+    for attempt in ("first", "second"):  # the first step, and a later one after the block's randomness was seen
+        case.model.zero_grad(set_to_none=True)
+        got = train_step(case)
+        what = f"{subject.id} under {label(config)} on {device} with torch.rand masks in every block, {attempt} step"
+        assert_same_step(got, expected, tolerance, what)
+    return got
+
+
+__all__ = [
+    "DROPOUT_P",
+    "RANDOM_DROP",
+    "add_random_ops",
+    "check_gradients",
+    "check_gradients_with_dropout",
+    "check_gradients_with_random_ops",
+]

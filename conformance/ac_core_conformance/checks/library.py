@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ac_core import apply_activation_checkpointing
+from ac_core import apply_activation_checkpointing, reset_warnings
 from ac_core.library_checkpointing import enable_library_checkpointing, library_checkpointing
+from ac_core.measure import OpCounter
+from ac_core.policies import retained_ops
 
 from ..policies import Policy, as_policy, label
 from ..probes import capture_logs
@@ -46,4 +48,43 @@ def check_library_checkpointing(subject: Subject, policy: Policy) -> str:
     return warnings[0]
 
 
-__all__ = ["check_library_checkpointing"]
+def check_library_checkpointing_after(subject: Subject, policy: Policy) -> str:
+    """The library's own checkpointing switched on AFTER ``policy`` was applied (``gradient_checkpointing_enable()``,
+    ``Trainer(gradient_checkpointing=True)``): by the next forward ac-core turns it off again, says so once, and the
+    model trains like the plain one with no block checkpointed twice. Returns the warning."""
+    config = as_policy(policy)
+    case = build(subject)
+    apply_activation_checkpointing(case.model, config, adapter=subject.adapter)
+    try:
+        method = enable_library_checkpointing(case.model)
+    except (ValueError, NotImplementedError) as exc:
+        pytest.skip(f"{subject.id}: {exc}")
+    expected = plain_step(subject, "cpu")
+    what = f"{subject.id} under {label(config)}, then {method}()"
+    reset_warnings()  # once per process and model class: start as a fresh process would
+    with capture_logs() as records:
+        first = train_step(case)
+        case.model.zero_grad(set_to_none=True)
+        with OpCounter() as ops:
+            second = train_step(case)
+    warnings = [r.getMessage() for r in records if "was switched on" in r.getMessage()]
+    assert len(warnings) == 1 and type(case.model).__name__ in warnings[0], (
+        f"{what}: expected one warning naming {type(case.model).__name__} that the library's checkpointing was "
+        f"switched on and turned off again, got {warnings}"
+    )
+    still_on = library_checkpointing(case.model)
+    assert not still_on, f"{what}: library checkpointing is still on for {still_on[:5]}"
+    # Once found, each checkpointed block recomputes once: as many attention kernels in backward as ac-core alone.
+    reference = build(subject)
+    apply_activation_checkpointing(reference.model, config, adapter=subject.adapter)
+    with OpCounter() as alone:
+        train_step(reference)
+    kernels = retained_ops(subject.plan(reference.model))
+    twice, once = ops.count(kernels, "backward"), alone.count(kernels, "backward")
+    assert twice == once, f"{what}: backward ran attention {twice} times, ac-core alone {once}: checkpointed twice"
+    assert_same_step(first, expected, EAGER_TOLERANCE, f"{what}, first step")
+    assert_same_step(second, expected, EAGER_TOLERANCE, f"{what}, second step")
+    return warnings[0]
+
+
+__all__ = ["check_library_checkpointing", "check_library_checkpointing_after"]

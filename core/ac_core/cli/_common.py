@@ -17,10 +17,10 @@ import torch
 from rich.console import Console
 from rich.logging import RichHandler
 
-from .._versions import version_supported
 from ..errors import AdapterError
 from ..registry import get_adapter, registered_adapters
 from ..spec import AdapterSpec, ModelCase, ModelSpec
+from ..versions import version_supported
 
 TINY = "tiny"
 TOY = "toy"

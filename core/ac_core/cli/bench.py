@@ -26,9 +26,10 @@ from ._common import (
     presets_of,
     select_adapters,
     split_names,
+    stderr,
     stdout,
 )
-from .rows import row_names, variants
+from .rows import Row, row_names, variants
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = ("cpu", "cuda")
@@ -120,7 +121,21 @@ def _run(args: argparse.Namespace, selected: list[tuple[AdapterSpec, list[ModelS
     if written:
         console.print(f"wrote {', '.join(str(path) for path in written)}")
     failed = any(r.status == "error" or r.grad_ok is False for r in rows)
-    return 1 if failed else 0
+    unmeasured = _unmeasured(args.adapter, [adapter.name for adapter, _ in selected], rows)
+    if unmeasured:
+        stderr().print(
+            f"ac-core bench: nothing was measured for {', '.join(unmeasured)}: every row was skipped (see the notes "
+            "above)"
+        )
+    return 1 if failed or unmeasured else 0
+
+
+def _unmeasured(asked: str, adapters: list[str], rows: list[Row]) -> list[str]:
+    """Adapters named on the command line none of whose rows ran; with ``all``, every adapter when none ran."""
+    ran = {row.adapter for row in rows if row.status == "ok"}
+    if asked.strip() == "all":
+        return [] if ran else adapters
+    return [name for name in adapters if name not in ran]
 
 
 def add_parser(subparsers: Any) -> None:

@@ -17,7 +17,7 @@ from ..library_checkpointing import disable_library_checkpointing
 from ..plan import resolve_blocks
 from ..policies import Ops, PolicyConfig, policy_config
 from ..policy import CheckpointType
-from ..registry import get_adapter, registered_adapters
+from ..registry import get_adapter, registered_adapters, unwrap_model
 from ..spec import AdapterSpec
 from .sac import apply_sac_pass
 from .save_ops import DEFAULT_SAC_SAVE_OPS, OpSet
@@ -134,8 +134,10 @@ def sac_inductor_options(
 def _serving_adapter(model: nn.Module, adapter: AdapterSpec | str | None) -> AdapterSpec | None:
     if adapter is not None:
         return get_adapter(adapter)
-    # The graph route needs no block containers, so a model no adapter serves is fine here.
-    if any(spec.serves(model) for spec in registered_adapters().values()):
+    # The graph route needs no block containers, so a model no adapter serves is fine here; a wrapped
+    # model (peft, DDP) is served by its inner model's adapter.
+    adapters = registered_adapters().values()
+    if any(spec.serves(inner) for _, inner in unwrap_model(model) for spec in adapters):
         return get_adapter(model)
     return None
 
@@ -216,6 +218,24 @@ def _compiled(result: Any) -> nn.Module:
     return result
 
 
+def _check_dynamic_eager(config: PolicyConfig, dynamic: object) -> None:
+    """Refuse the combination torch 2.13 fails on deep inside dynamo, naming the ways that work.
+
+    dynamic=True over eager checkpointing (ours, diffusers' or torch's checkpoint_wrapper alike) raises
+    "lift_tracked_freevar_to_input should not be called on root SubgraphTracer" once a block takes a
+    Python float (pytorch/pytorch#193194); specializing floats, or the graph route, avoid it.
+    """
+    import torch
+
+    if dynamic is True and not torch._dynamo.config.specialize_float:
+        raise ValueError(
+            f"ac_core.compile(..., {config.name!r}, dynamic=True) checkpoints eagerly inside the compiled model, which "
+            "torch 2.13 fails to trace with dynamic shapes for blocks that take a Python float "
+            "(pytorch/pytorch#193194). Use the graph route, ac_core.compile(model, 'ops', dynamic=True), or set "
+            "torch._dynamo.config.specialize_float = True before compiling."
+        )
+
+
 def compile(
     model: nn.Module,
     checkpointing_type: str | CheckpointType | PolicyConfig = CheckpointType.OPS,
@@ -262,6 +282,7 @@ def compile(
         raise TypeError(f"retain takes a collection of ops, e.g. {{{retain!r}}}, not a single string")
     config = policy_config(checkpointing_type, n_layer)
     if not isinstance(config, Ops):
+        _check_dynamic_eager(config, torch_compile_kwargs.get("dynamic"))
         apply_activation_checkpointing(model, config, adapter=adapter, blocks=blocks)
         return _compiled(torch.compile(model, backend=backend, options=options, **torch_compile_kwargs))
 

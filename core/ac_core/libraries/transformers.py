@@ -136,16 +136,19 @@ def train_without_kv_cache(model: nn.Module) -> None:
     base model) passes ``use_cache=False`` when gradients are on and some block is checkpointed (the
     condition under which ac-core recomputes); an explicit cache object in such a forward is an error
     naming the fix. Forwards without gradients (generation) keep the cache. Applying it again adds
-    nothing; the config is not changed.
+    nothing (and says nothing); the config is not changed.
+
+    ``apply_activation_checkpointing`` calls it for every model, whichever route named the blocks (an
+    adapter or ``blocks=``) and inside wrappers (a PeftModel, torch.compile, DDP): a model without such a
+    forward is left as it is.
     """
     guarded = []
     for name, module in model.named_modules():
         params = _forward_params(type(module)) if hasattr(module, "config") else ()
-        if "use_cache" not in params:
+        if "use_cache" not in params or any(_is_guard(hook) for hook in module._forward_pre_hooks.values()):
             continue
-        if not any(_is_guard(hook) for hook in module._forward_pre_hooks.values()):
-            # Names bound now, so that torch.compile does not trace inspect.signature in the hook.
-            module.register_forward_pre_hook(functools.partial(_drop_kv_cache, params), with_kwargs=True)
+        # Names bound now, so that torch.compile does not trace inspect.signature in the hook.
+        module.register_forward_pre_hook(functools.partial(_drop_kv_cache, params), with_kwargs=True)
         guarded.append(name or type(module).__name__)
     if guarded:
         logger.info(

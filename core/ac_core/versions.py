@@ -1,4 +1,4 @@
-"""Checking the installed library against the versions an adapter declares."""
+"""The installed library against the versions an adapter declares (one answer for inspect, bench, the suite)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def check_version(adapter: AdapterSpec, model_spec: ModelSpec) -> None:
     supported, installed = version_supported(model_spec.versions)
     if not supported:
         raise UnsupportedVersionError(
-            f"ac-core's {adapter.name!r} adapter declares the layout of {model_spec.class_name} for "
-            f"{model_spec.versions}, but {installed or 'no version'} is installed, whose blocks it may miss. "
+            f"adapter {adapter.name!r} declares the layout of {model_spec.class_name} for {model_spec.versions}, "
+            f"but {installed or 'no version'} is installed, whose blocks it may miss. "
             f"Install a supported version ({adapter.install_hint}), or name the containers yourself with "
             "blocks=[...]."
         )

@@ -1,0 +1,24 @@
+"""The memory-budget policy: the least recompute that fits the memory you have (issue 12, first piece).
+
+Importing this package registers the ``plan`` and ``budget`` policy configs.
+"""
+
+from __future__ import annotations
+
+from .plan import Budget, CheckpointPlan, PlannedBlock, apply_plan, parse_budget, plan_activation_checkpointing
+from .profile import BlockProfile, ModelProfile, OpOccurrence, profile_model
+from .solve import solve
+
+__all__ = [
+    "BlockProfile",
+    "Budget",
+    "CheckpointPlan",
+    "ModelProfile",
+    "OpOccurrence",
+    "PlannedBlock",
+    "apply_plan",
+    "parse_budget",
+    "plan_activation_checkpointing",
+    "profile_model",
+    "solve",
+]

@@ -1,0 +1,388 @@
+"""A checkpoint plan: per block, unchecked, checkpointed whole, or the op occurrences kept; and the budget policy.
+
+``plan_activation_checkpointing(model, example_inputs, memory_budget)`` profiles the model (see
+:mod:`.profile`), solves the global knapsack (see :mod:`.solve`) and returns a :class:`CheckpointPlan`: one more
+policy config, applied with ``apply_activation_checkpointing(model, plan)``. ``Budget(memory_budget,
+example_inputs=...)`` plans and applies in one call.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import hashlib
+import json
+import logging
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from torch import nn
+
+from .. import _checkpoint
+from ..checkpointing import apply_activation_checkpointing
+from ..plan import BlockPlan, resolve_blocks
+from ..policies import BlockSelection, PolicyConfig, register_policy
+from ..policy import CheckpointType
+from ..spec import AdapterSpec
+from ..warnings import warn_once
+from ._layer import PlannedLayer
+from .profile import Signature, describe_signature, profile_model
+from .solve import FULL, NONE, OPS, Choice, solve
+
+logger = logging.getLogger("ac_core")
+
+_FORMAT = 1
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "kib": 2**10,
+    "m": 10**6, "mb": 10**6, "mib": 2**20,
+    "g": 10**9, "gb": 10**9, "gib": 2**30,
+    "t": 10**12, "tb": 10**12, "tib": 2**40,
+}  # fmt: skip
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_budget(memory_budget: object) -> tuple[str, float]:
+    """``("fraction", f)`` for a float 0 < f <= 1, ``("bytes", n)`` for an int or a size string (``"40GiB"``)."""
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float, str)):
+        raise TypeError(
+            "memory_budget is a fraction of what 'none' holds for backward (a float, 0 < f <= 1), bytes (an int) or "
+            f"a size string such as '40GiB'; got {memory_budget!r}"
+        )
+    if isinstance(memory_budget, float):
+        if not 0 < memory_budget <= 1:
+            raise ValueError(
+                f"memory_budget={memory_budget!r}: a float is a fraction of what 'none' holds for backward, "
+                "0 < f <= 1; for bytes pass an int or a size string such as '40GiB'"
+            )
+        return "fraction", memory_budget
+    if isinstance(memory_budget, int):
+        if memory_budget <= 0:
+            raise ValueError(f"memory_budget={memory_budget!r}: bytes must be > 0")
+        return "bytes", float(memory_budget)
+    match = _SIZE.match(memory_budget)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise ValueError(
+            f"memory_budget={memory_budget!r} is not a size: use a number and a unit such as '40GiB', '512MiB', "
+            "'1.5GB' (units B, KB/KiB, MB/MiB, GB/GiB, TB/TiB)"
+        )
+    nbytes = math.floor(float(match.group(1)) * _UNITS[unit])
+    if nbytes <= 0:
+        raise ValueError(f"memory_budget={memory_budget!r}: bytes must be > 0")
+    return "bytes", float(nbytes)
+
+
+def _human(nbytes: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= size:
+            return f"{nbytes / size:.2f} {unit}"
+    return f"{int(nbytes)} B"
+
+
+@dataclass(frozen=True)
+class PlannedBlock:
+    """One block of a plan: ``mode`` ``"none"``, ``"full"`` or ``"ops"`` (keeping ``keep``: (op name, occurrence)),
+    the input signature it was planned at, and the predicted bytes it holds and FLOPs it recomputes."""
+
+    path: str
+    class_name: str
+    mode: str
+    keep: tuple[tuple[str, int], ...]
+    inputs: Signature
+    held_bytes: int
+    recompute_flops: int
+
+
+def _plain(value: Any) -> Any:
+    """JSON lists back into the tuples a plan holds."""
+    return tuple(_plain(v) for v in value) if isinstance(value, list) else value
+
+
+@dataclass(frozen=True)
+class CheckpointPlan(PolicyConfig):
+    """A per-block checkpointing plan, made by :func:`plan_activation_checkpointing` (or loaded with ``from_json``).
+
+    Applying it to a model of another class or block layout is refused, naming the difference; a checkpointed
+    block called with other input shapes than planned raises, naming the block and both shapes.
+    """
+
+    model_class: str = ""
+    blocks: tuple[PlannedBlock, ...] = ()
+    inputs: Signature = ()
+    budget_bytes: int = 0
+    none_bytes: int = 0
+    min_bytes: int = 0
+    name: ClassVar[str] = "plan"
+    # Not a fixed policy: it cannot be built from its name alone, so bench rows and the conformance suite skip it.
+    by_name: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if not self.blocks:
+            raise ValueError(
+                "a CheckpointPlan is made by ac_core.plan_activation_checkpointing(model, example_inputs, budget) "
+                "or loaded with CheckpointPlan.from_json; to plan and apply at once use ac_core.Budget(...)"
+            )
+        for block in self.blocks:
+            if block.mode not in (NONE, FULL, OPS) or (block.mode == OPS) != bool(block.keep):
+                raise ValueError(f"block {block.path!r}: mode {block.mode!r} with keep={block.keep!r} is not a plan")
+
+    @property
+    def held_bytes(self) -> int:
+        """Predicted bytes held for backward under the plan (outside the blocks plus each block's part)."""
+        if all(b.mode == NONE for b in self.blocks):
+            return self.none_bytes
+        return self.min_bytes + sum(b.held_bytes for b in self.blocks)
+
+    @property
+    def recompute_flops(self) -> int:
+        return sum(b.recompute_flops for b in self.blocks)
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of the model class, block layout and input shapes the plan is for."""
+        key = json.dumps([self.model_class, [(b.path, b.class_name, b.inputs) for b in self.blocks], self.inputs])
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": _FORMAT,
+                "fingerprint": self.fingerprint,
+                "model_class": self.model_class,
+                "inputs": self.inputs,
+                "budget_bytes": self.budget_bytes,
+                "none_bytes": self.none_bytes,
+                "min_bytes": self.min_bytes,
+                "blocks": [
+                    {
+                        "path": b.path,
+                        "class": b.class_name,
+                        "mode": b.mode,
+                        "keep": b.keep,
+                        "inputs": b.inputs,
+                        "held_bytes": b.held_bytes,
+                        "recompute_flops": b.recompute_flops,
+                    }
+                    for b in self.blocks
+                ],
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> CheckpointPlan:
+        data = json.loads(text)
+        if data.get("format") != _FORMAT:
+            raise ValueError(f"not a checkpoint plan of format {_FORMAT}: format {data.get('format')!r}")
+        plan = cls(
+            model_class=data["model_class"],
+            blocks=tuple(
+                PlannedBlock(
+                    b["path"],
+                    b["class"],
+                    b["mode"],
+                    _plain(b["keep"]),
+                    _plain(b["inputs"]),
+                    b["held_bytes"],
+                    b["recompute_flops"],
+                )
+                for b in data["blocks"]
+            ),
+            inputs=_plain(data["inputs"]),
+            budget_bytes=data["budget_bytes"],
+            none_bytes=data["none_bytes"],
+            min_bytes=data["min_bytes"],
+        )
+        if data.get("fingerprint") not in (None, plan.fingerprint):
+            raise ValueError("checkpoint plan JSON was edited: its fingerprint does not match its contents")
+        return plan
+
+    def __str__(self) -> str:
+        rows = [("block", "class", "mode", "kept ops", "held", "recompute FLOPs")]
+        for b in self.blocks:
+            kept = ", ".join(f"{op.removeprefix('aten::')}#{i}" for op, i in b.keep) or "-"
+            rows.append((b.path, b.class_name, b.mode, kept, _human(b.held_bytes), f"{b.recompute_flops:,}"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = [
+            f"CheckpointPlan {self.fingerprint} for {self.model_class} at ({describe_signature(self.inputs)})",
+            f"budget {_human(self.budget_bytes)}; predicted held for backward {_human(self.held_bytes)} "
+            f"(none {_human(self.none_bytes)}, least possible {_human(self.min_bytes)}); "
+            f"recompute {self.recompute_flops:,} FLOPs",
+        ]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Budget(PolicyConfig):
+    """Plan for ``memory_budget`` at ``example_inputs`` and apply it (see :func:`plan_activation_checkpointing`)."""
+
+    memory_budget: float | int | str | None = None
+    example_inputs: Any = field(default=None, compare=False, repr=False)
+    name: ClassVar[str] = "budget"
+    by_name: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if self.memory_budget is None:
+            raise ValueError("Budget needs memory_budget: a fraction of 'none' (0.5), bytes, or a size ('40GiB')")
+        parse_budget(self.memory_budget)
+        if self.example_inputs is None:
+            raise ValueError("Budget needs example_inputs=: one forward's inputs (a dict, a tensor or a tuple)")
+
+
+def _model_class(plan: BlockPlan) -> str:
+    served = plan.served_model
+    return f"{type(served).__module__}.{type(served).__qualname__}"
+
+
+def _plan(block_plan: BlockPlan, example_inputs: Any, memory_budget: object) -> CheckpointPlan:
+    kind, value = parse_budget(memory_budget)
+    profile = profile_model(block_plan, example_inputs)
+    budget = math.floor(value * profile.none_bytes) if kind == "fraction" else int(value)
+    minimum = profile.min_bytes
+    if budget < minimum:
+        raise ValueError(
+            f"memory_budget={memory_budget!r} ({budget} bytes) is below the least any plan holds for backward at "
+            f"these inputs: {minimum} bytes ({_human(minimum)}), every block checkpointed and nothing kept but "
+            f"block inputs ('none' holds {profile.none_bytes} bytes)"
+        )
+    if budget >= profile.none_bytes:
+        logger.warning(
+            "ac-core: memory_budget=%r (%d bytes) is at or above what 'none' holds for backward (%d bytes): "
+            "the plan checkpoints no block",
+            memory_budget,
+            budget,
+            profile.none_bytes,
+        )
+        choices = [Choice(NONE, (), p.none_bytes, 0) for _, p in profile.blocks]
+    else:
+        choices = solve(profile, budget)
+    return CheckpointPlan(
+        model_class=profile.model_class,
+        blocks=tuple(
+            PlannedBlock(path, p.class_name, c.mode, c.keep, p.signature, c.held_bytes, c.recompute_flops)
+            for (path, p), c in zip(profile.blocks, choices, strict=True)
+        ),
+        inputs=profile.inputs,
+        budget_bytes=budget,
+        none_bytes=profile.none_bytes,
+        min_bytes=minimum,
+    )
+
+
+def plan_activation_checkpointing(
+    model: nn.Module,
+    example_inputs: Any,
+    memory_budget: float | int | str,
+    *,
+    adapter: AdapterSpec | str | None = None,
+    blocks: Sequence[str] | None = None,
+) -> CheckpointPlan:
+    """The plan with the least recompute FLOPs whose bytes held for backward stay within ``memory_budget``.
+
+    ``example_inputs``: one forward's inputs (a dict of keyword arguments, a tuple of positional ones, or a
+    tensor), real, on ``meta`` or fake: the plan is made from shapes, FLOPs and bytes. ``memory_budget``: a
+    fraction of what ``none`` holds (a float, 0 < f <= 1), bytes (an int) or a size string (``"40GiB"``). A
+    budget below the least possible is an error naming it in bytes; one at or above ``none`` plans no
+    checkpointing (and says so). Blocks come from the adapter or ``blocks=``, as for the fixed policies.
+    """
+    return _plan(resolve_blocks(model, adapter, blocks), example_inputs, memory_budget)
+
+
+def _check_layout(plan: CheckpointPlan, block_plan: BlockPlan) -> None:
+    here = _model_class(block_plan)
+    if here != plan.model_class:
+        raise ValueError(f"this checkpoint plan is for {plan.model_class}, not {here}; plan this model instead")
+    planned = [(b.path, b.class_name) for b in plan.blocks]
+    found = [(b.path, b.class_name) for b in block_plan]
+    if planned == found:
+        return
+    if len(planned) != len(found):
+        raise ValueError(
+            f"this checkpoint plan is for {len(planned)} blocks and the model has {len(found)} "
+            f"(missing here: {sorted(set(planned) - set(found))[:3]}, "
+            f"not planned: {sorted(set(found) - set(planned))[:3]})"
+        )
+    (want, got) = next((a, b) for a, b in zip(planned, found, strict=True) if a != b)
+    raise ValueError(
+        f"this checkpoint plan has block {want[0]!r} ({want[1]}) where the model has {got[0]!r} ({got[1]})"
+    )
+
+
+# Set while apply_plan installs the plan's layers itself (BlockSelection cannot carry a layer yet).
+_applying: contextvars.ContextVar[bool] = contextvars.ContextVar("ac_core_budget_applying", default=False)
+
+
+def _make_layer(
+    keep: tuple[tuple[str, int], ...], planned: Signature, kind: Any, retained: Any, path: str,
+    expects_attention: bool = True, *, root: nn.Module | None = None,
+) -> PlannedLayer:  # fmt: skip
+    return PlannedLayer(keep, planned, path, expects_attention, root=root)
+
+
+_CARRIES_LAYER = "layer" in BlockSelection.__dataclass_fields__
+
+
+@register_policy(CheckpointPlan)
+def _plan_selections(config: CheckpointPlan, block_plan: BlockPlan) -> list[BlockSelection]:
+    _check_layout(config, block_plan)
+    by_path = {b.path: b for b in block_plan}
+    selections = []
+    for planned in config.blocks:
+        if planned.mode == NONE:
+            continue
+        block = by_path[planned.path]
+        kind = CheckpointType.OPS if planned.mode == OPS else CheckpointType.FULL
+        retained = frozenset(op for op, _ in planned.keep)
+        if _CARRIES_LAYER:
+            factory = functools.partial(_make_layer, planned.keep, planned.inputs)
+            selections.append(BlockSelection(block, kind, retained, layer=factory))  # type: ignore[call-arg]
+        else:
+            # Until BlockSelection carries a layer, apply_plan installs the planned layers over these; applied
+            # through the verb alone, a block keeping ops is checkpointed whole (within budget, more recompute).
+            if kind is CheckpointType.OPS and not _applying.get():
+                warn_once(
+                    "budget-plan-verb",
+                    "ac-core: this ac-core cannot yet install per-occurrence keeps through "
+                    "apply_activation_checkpointing; blocks that keep ops are checkpointed whole. Use "
+                    "ac_core.budget.apply_plan(model, plan) for the plan as made.",
+                )
+            selections.append(BlockSelection(block, CheckpointType.FULL))
+    return selections
+
+
+@register_policy(Budget)
+def _budget_selections(config: Budget, block_plan: BlockPlan) -> list[BlockSelection]:
+    plan = _plan(block_plan, config.example_inputs, config.memory_budget)
+    logger.info("ac-core: budget plan\n%s", plan)
+    return _plan_selections(plan, block_plan)
+
+
+def apply_plan(
+    model: nn.Module,
+    plan: CheckpointPlan | Budget,
+    *,
+    adapter: AdapterSpec | str | None = None,
+    blocks: Sequence[str] | None = None,
+) -> nn.Module:
+    """Apply a plan (or plan a :class:`Budget` and apply it) exactly, op occurrences included; returns ``model``."""
+    block_plan = resolve_blocks(model, adapter, blocks)
+    if isinstance(plan, Budget):
+        plan = _plan(block_plan, plan.example_inputs, plan.memory_budget)
+    token = _applying.set(True)
+    try:
+        apply_activation_checkpointing(model, plan, adapter=adapter, blocks=blocks)
+    finally:
+        _applying.reset(token)
+    if not _CARRIES_LAYER:
+        by_path = {b.path: b for b in block_plan}
+        for planned in plan.blocks:
+            if planned.mode != NONE:
+                block = by_path[planned.path]
+                layer = PlannedLayer(planned.keep, planned.inputs, planned.path, block.expects_attention, root=model)
+                _checkpoint.install(block.module, layer)
+    return model

@@ -1,0 +1,275 @@
+"""What each block holds for backward and what recomputing it costs, op occurrence by op occurrence.
+
+One forward of the whole model, unchecked, under :func:`~ac_core.measure.held_for_backward` gives the bytes
+``none`` holds and, through a pre-hook on every block, each block's inputs. Then one block per (block class,
+input shapes) is run again alone, under a ``FlopCounterMode`` (with our CPU SDPA formulas) and a
+``TorchDispatchMode`` that notes, per op call, its name, its occurrence index among calls of that name in the
+block's forward, the FLOPs it adds and the bytes of the storages it creates. The rest of the blocks reuse that
+profile. Everything is a function of shapes, so it runs on real, ``meta`` or fake tensors alike.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map
+
+from .. import _chain
+from ..measure.flops import GlobalFlopCounter
+from ..measure.memory import held_for_backward, live_nbytes, new_storages, plain_tensors, storage_ref
+from ..plan import BlockPlan
+
+# One tensor argument of a block: (argument, shape, dtype). The argument is its position ("0") or keyword name,
+# with a pytree path suffix for tensors inside containers ("rotary[1]").
+TensorSignature = tuple[str, tuple[int, ...], str]
+Signature = tuple[TensorSignature, ...]
+
+
+def signature(args: tuple, kwargs: dict[str, Any]) -> Signature:
+    """The shapes and dtypes of every tensor in a call's arguments, named by position or keyword."""
+    found: list[TensorSignature] = []
+    for name, value in [*((str(i), a) for i, a in enumerate(args)), *sorted(kwargs.items())]:
+        leaves, _ = tree_flatten(value)
+        single = len(leaves) == 1
+        for index, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor):
+                found.append((name if single else f"{name}[{index}]", tuple(leaf.shape), str(leaf.dtype)))
+    return tuple(found)
+
+
+def describe_signature(sig: Signature) -> str:
+    return ", ".join(f"{name}: {list(shape)} {dtype.removeprefix('torch.')}" for name, shape, dtype in sig) or "none"
+
+
+@dataclass(frozen=True)
+class OpOccurrence:
+    """One op call in a block's forward: ``op`` (``"aten::addmm"``), its ``index`` among calls of that op, the
+    bytes its output storages take (what keeping it holds for backward) and its FLOPs (what recomputing it costs)."""
+
+    op: str
+    index: int
+    nbytes: int
+    flops: int
+
+
+@dataclass(frozen=True)
+class BlockProfile:
+    """A block class at one input signature: what ``none`` holds, its forward FLOPs, and its keepable ops.
+
+    ``recompute_flops``: what checkpointing it whole recomputes. torch's checkpoint stops recomputing once the
+    last tensor the forward saved for backward is recomputed (early stop, on by default), and autograd saves an
+    op's inputs before running it, so the ops from the one saving last on are never recomputed (in the toy
+    block, the MLP's second matmul). ``candidates`` are the op occurrences worth keeping: recomputed (before
+    that point), with FLOPs to save and a new output storage to hold.
+    """
+
+    class_name: str
+    signature: Signature
+    none_bytes: int
+    forward_flops: int
+    recompute_flops: int
+    candidates: tuple[OpOccurrence, ...]
+
+    @property
+    def keep_all_bytes(self) -> int:
+        return sum(op.nbytes for op in self.candidates)
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Every block's profile (by path, in order), what ``none`` holds in all, and what lies outside the blocks.
+
+    ``outside_bytes``: held for backward by everything but the blocks' own ops (block inputs included) under
+    ``none``. ``checkpoint_input_bytes``: block inputs made in the forward that ``none`` frees before backward
+    (Wan's timestep projection: the block only adds it to a table) but a checkpointed block keeps for its
+    recompute. A plan holds ``min_bytes`` (once any block is checkpointed) + what each block holds.
+    """
+
+    model_class: str
+    inputs: Signature
+    blocks: tuple[tuple[str, BlockProfile], ...]
+    none_bytes: int
+    checkpoint_input_bytes: int = 0
+
+    @property
+    def min_bytes(self) -> int:
+        """What every plan that checkpoints a block holds besides its blocks' parts: the least any plan holds."""
+        return self.outside_bytes + self.checkpoint_input_bytes
+
+    @property
+    def outside_bytes(self) -> int:
+        return max(0, self.none_bytes - sum(profile.none_bytes for _, profile in self.blocks))
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Per op call: name, occurrence, FLOPs (read off the flop counter below it) and bytes of new storages."""
+
+    def __init__(self, counter: GlobalFlopCounter) -> None:
+        super().__init__()
+        self.counter = counter
+        self.seen: dict[str, int] = defaultdict(int)
+        self.ops: list[OpOccurrence] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        before = self.counter.get_total_flops()
+        out = func(*args, **(kwargs or {}))
+        name = func.name()
+        index = self.seen[name]
+        self.seen[name] += 1
+        nbytes = sum(live_nbytes(ref) for ref in {ref.cdata: ref for ref in new_storages(func, out)}.values())
+        self.ops.append(OpOccurrence(name, index, nbytes, self.counter.get_total_flops() - before))
+        return out
+
+
+class _CpuAttentionOnMeta(TorchFunctionMode):
+    """On ``meta`` tensors SDPA takes its math path (bmm, softmax, bmm), which is not what runs on a real CPU; route
+    it to the fused CPU kernel, as on real CPU tensors, so that a meta plan is the plan of the real model."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention and args and args[0].device.type == "meta":
+            q, k, v = (list(args) + [kwargs.get(n) for n in ("query", "key", "value")][len(args) :])[:3]
+            options = dict(zip(("attn_mask", "dropout_p", "is_causal"), args[3:], strict=False)) | kwargs
+            if not options.get("enable_gqa") and q.dim() == 4:
+                return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q,
+                    k,
+                    v,
+                    options.get("dropout_p", 0.0),
+                    options.get("is_causal", False),
+                    attn_mask=options.get("attn_mask"),
+                    scale=options.get("scale"),
+                )[0]
+        return func(*args, **kwargs)
+
+
+def _detached_copy(value: Any) -> Any:
+    def copy(leaf: Any) -> Any:
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        return leaf.detach().clone().requires_grad_(leaf.requires_grad)
+
+    return tree_map(copy, value)
+
+
+@contextmanager
+def _unchecked(blocks: list[nn.Module]) -> Iterator[None]:
+    """Run ``blocks`` with their plain forward: ac-core's layers (a plan applied before) set aside, then put back."""
+    saved = []
+    for module in blocks:
+        chain = module.__dict__.pop(_chain.CHAIN_ATTR, None)
+        if chain is None:
+            continue
+        forward = module.__dict__.pop("forward", None)
+        if chain.previous_forward is not None:
+            module.__dict__["forward"] = chain.previous_forward
+        saved.append((module, chain, forward))
+    try:
+        yield
+    finally:
+        for module, chain, forward in saved:
+            module.__dict__[_chain.CHAIN_ATTR] = chain
+            module.__dict__.pop("forward", None)
+            if forward is not None:
+                module.__dict__["forward"] = forward
+
+
+def call_model(model: nn.Module, example_inputs: Any) -> Any:
+    """``model`` called on one forward's inputs: a dict of keyword arguments, a tuple of positional ones, a tensor."""
+    if isinstance(example_inputs, dict):
+        return model(**example_inputs)
+    if isinstance(example_inputs, tuple):
+        return model(*example_inputs)
+    return model(example_inputs)
+
+
+def inputs_signature(example_inputs: Any) -> Signature:
+    if isinstance(example_inputs, dict):
+        return signature((), example_inputs)
+    if isinstance(example_inputs, tuple):
+        return signature(example_inputs, {})
+    return signature((example_inputs,), {})
+
+
+def profile_model(plan: BlockPlan, example_inputs: Any) -> ModelProfile:
+    """Profile every block of ``plan`` at ``example_inputs`` (real, meta or fake tensors), once per class and shapes."""
+    model = plan.model
+    blocks = list(plan)
+    captured: dict[str, tuple[tuple, dict[str, Any]]] = {}
+    block_inputs: dict[int, tuple[StorageWeakRef, int]] = {}
+    keys: dict[str, tuple[str, Signature]] = {}
+    firsts: dict[tuple[str, Signature], str] = {}
+
+    def pre_hook(path: str):
+        def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+            for leaf in plain_tensors((args, kwargs)):
+                ref = storage_ref(leaf)
+                block_inputs.setdefault(ref.cdata, (ref, live_nbytes(ref)))
+            if path in keys:
+                return  # a block called twice per forward keeps its first call's profile
+            key = (type(module).__qualname__, signature(args, kwargs))
+            keys[path] = key
+            if key not in firsts:
+                firsts[key] = path
+                with _disable_current_modes():  # the copy is ours, not something the forward holds
+                    captured[path] = (_detached_copy(args), _detached_copy(kwargs))
+
+        return hook
+
+    handles = [b.module.register_forward_pre_hook(pre_hook(b.path), with_kwargs=True) for b in blocks]
+    try:
+        with _unchecked([b.module for b in blocks]), torch.enable_grad(), _CpuAttentionOnMeta():
+            _, none_bytes = held_for_backward(lambda: call_model(model, example_inputs))  # its result is not counted
+    finally:
+        for handle in handles:
+            handle.remove()
+    # Alive when the forward began (the caller's inputs, parameters) or still held at its end: not extra. Freed
+    # by then: made in the forward and dropped, which a checkpointed block would keep.
+    freed_inputs = sum(nbytes for ref, nbytes in block_inputs.values() if ref.expired())
+    missing = [b.path for b in blocks if b.path not in keys]
+    if missing:
+        raise ValueError(
+            f"the forward on example_inputs never called block(s) {missing}; plan with inputs that run them"
+        )
+
+    profiles: dict[tuple[str, Signature], BlockProfile] = {}
+    by_path = {b.path: b.module for b in blocks}
+    for key, path in firsts.items():
+        args, kwargs = captured[path]
+        with _unchecked([by_path[path]]), torch.enable_grad(), _CpuAttentionOnMeta():
+            counter = GlobalFlopCounter()
+            recorder = _OpRecorder(counter)
+            packed_after = [0]  # ops run when the last saved tensor was packed
+
+            def pack(tensor: torch.Tensor) -> torch.Tensor:
+                packed_after[0] = len(recorder.ops)  # noqa: B023
+                return tensor
+
+            with counter, recorder, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                _, block_bytes = held_for_backward(lambda: by_path[path](*args, **kwargs))  # noqa: B023
+        recomputed = recorder.ops[: packed_after[0]]
+        profiles[key] = BlockProfile(
+            class_name=type(by_path[path]).__name__,
+            signature=key[1],
+            none_bytes=block_bytes,
+            forward_flops=counter.get_total_flops(),
+            recompute_flops=sum(op.flops for op in recomputed),
+            candidates=tuple(op for op in recomputed if op.flops > 0 and op.nbytes > 0),
+        )
+    served = plan.served_model
+    return ModelProfile(
+        model_class=f"{type(served).__module__}.{type(served).__qualname__}",
+        inputs=inputs_signature(example_inputs),
+        blocks=tuple((b.path, profiles[keys[b.path]]) for b in blocks),
+        none_bytes=none_bytes,
+        checkpoint_input_bytes=freed_inputs,
+    )

@@ -1,0 +1,406 @@
+"""Other libraries' forwards on ac-core's blocks: diffusers' hooks (group offloading, FirstBlockCache, layerwise
+casting) and accelerate's (AlignDevicesHook, dispatch_model, cpu_offload), each applied before and after ac-core
+and removed in either order, on a tiny Flux on CPU. Both keep working: gradients equal the plain model's with the
+same hook, the hook's own effect is counted (onloads in the recompute, blocks the cache skips, storage dtype),
+what ac-core reports is true, and no ac-core forward is left behind."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from ac_core import (
+    apply_activation_checkpointing,
+    checkpointed_blocks,
+    is_activation_checkpointed,
+    remove_activation_checkpointing,
+)
+from ac_core._chain import _ChainedForward
+
+pytest.importorskip("diffusers")
+pytest.importorskip("accelerate")
+flux = pytest.importorskip("ac_core_adapters.models.flux")
+
+from accelerate import cpu_offload, dispatch_model  # noqa: E402
+from accelerate.hooks import AlignDevicesHook, add_hook_to_module, remove_hook_from_module  # noqa: E402
+from diffusers.hooks import FirstBlockCacheConfig, HookRegistry, group_offloading  # noqa: E402
+
+CPU = torch.device("cpu")
+BLOCKS = [f"transformer_blocks.{i}" for i in range(3)] + [f"single_transformer_blocks.{i}" for i in range(3)]
+ORDERS = ["ac_core_first", "hook_first"]
+REMOVALS = [("ac_core", "hook"), ("hook", "ac_core")]
+
+
+@dataclasses.dataclass
+class Counts:
+    """Calls counted in one phase: group onloads/offloads, AlignDevicesHook pre-forwards, block runs."""
+
+    onload: int = 0
+    offload: int = 0
+    align: int = 0
+    blocks: int = 0
+
+    def __sub__(self, other: Counts) -> Counts:
+        return Counts(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)))
+
+
+@pytest.fixture
+def counts(monkeypatch: pytest.MonkeyPatch) -> Counts:
+    counted = Counts()
+
+    def counting(name: str, original: Callable) -> Callable:
+        @functools.wraps(original)
+        def wrapper(self, *args, **kwargs):
+            setattr(counted, name, getattr(counted, name) + 1)
+            return original(self, *args, **kwargs)
+
+        return wrapper
+
+    group = group_offloading.ModuleGroup
+    monkeypatch.setattr(group, "onload_", counting("onload", group.onload_))
+    monkeypatch.setattr(group, "offload_", counting("offload", group.offload_))
+    monkeypatch.setattr(AlignDevicesHook, "pre_forward", counting("align", AlignDevicesHook.pre_forward))
+    return counted
+
+
+def _built(counts: Counts):
+    """A tiny Flux whose block runs are counted: a pre-hook on each block's first child runs once per block run,
+    whatever the block's own forward is (a cache skips it; a recompute runs it again)."""
+    case = flux.tiny_flux()
+
+    def count(*_):
+        counts.blocks += 1
+
+    for name in BLOCKS:
+        next(case.model.get_submodule(name).children()).register_forward_pre_hook(count)
+    return case
+
+
+def _train_step(case, counts: Counts, context: bool = False):
+    """(loss, grads, counts in forward, counts in backward); ``context``: inside a cache context."""
+    model = case.model
+    model.zero_grad(set_to_none=True)
+    start = dataclasses.replace(counts)
+    if context:
+        model._reset_stateful_cache()
+        with model.cache_context("cond"):
+            loss = case.run()
+            middle = dataclasses.replace(counts)
+            loss.backward()
+    else:
+        loss = case.run()
+        middle = dataclasses.replace(counts)
+        loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, middle - start, counts - middle
+
+
+def _assert_same(got, expected) -> None:
+    (loss, grads), (expected_loss, expected_grads) = got[:2], expected[:2]
+    torch.testing.assert_close(loss, expected_loss, rtol=0, atol=0)
+    assert grads.keys() == expected_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=0, atol=0, msg=f"gradient of {name}")
+
+
+def _ac_core_forwards(model: nn.Module) -> list[str]:
+    """Where an ac-core forward is still kept: instance forwards, accelerate's _old_forward, diffusers' references."""
+    found = []
+    for name, module in model.named_modules():
+        kept = [module.__dict__.get("forward"), module.__dict__.get("_old_forward")]
+        registry = module.__dict__.get("_diffusers_hook")
+        for reference in getattr(registry, "_fn_refs", []):
+            kept += [reference.forward, reference.original_forward]
+        found += [name for each in kept if isinstance(each, _ChainedForward)]
+    return found + [name for name, m in model.named_modules() if "_ac_core_chain" in m.__dict__]
+
+
+def _apply(model: nn.Module, order: str, hook: Callable[[nn.Module], None]) -> None:
+    if order == "ac_core_first":
+        apply_activation_checkpointing(model, "full")
+        hook(model)
+    else:
+        hook(model)
+        apply_activation_checkpointing(model, "full")
+
+
+# Hooks that place the weights for the forward: the recompute must run them too.
+
+
+def _group_offloading(model: nn.Module) -> None:
+    model.enable_group_offload(
+        onload_device=CPU, offload_device=CPU, offload_type="block_level", num_blocks_per_group=1
+    )
+
+
+def _remove_group_offloading(model: nn.Module) -> None:
+    # diffusers has no public switch-off; this is how it removes group offloading itself.
+    HookRegistry.check_if_exists_or_initialize(model).remove_hook("group_offloading", recurse=True)
+
+
+def _align_devices(model: nn.Module) -> None:
+    for name in BLOCKS:
+        add_hook_to_module(model.get_submodule(name), AlignDevicesHook(execution_device=CPU, io_same_device=True))
+
+
+def _remove_align_devices(model: nn.Module) -> None:
+    for name in BLOCKS:
+        remove_hook_from_module(model.get_submodule(name))
+
+
+def _dispatch(model: nn.Module) -> None:
+    dispatch_model(model, device_map={"": "cpu"}, force_hooks=True)
+
+
+def _remove_dispatch(model: nn.Module) -> None:
+    remove_hook_from_module(model, recurse=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    apply: Callable[[nn.Module], None]
+    remove: Callable[[nn.Module], None]
+    counter: str  # what the hook's pre-forward does, counted
+    recomputed_first_block: int  # counted in the recompute of the first block
+
+
+PLACEMENT = {
+    "group_offloading": Placement(_group_offloading, _remove_group_offloading, "onload", 1),
+    "align_devices": Placement(_align_devices, _remove_align_devices, "align", 1),
+    # One AlignDevicesHook per module: the first block's recompute runs the 26 of its modules.
+    "dispatch_model": Placement(_dispatch, _remove_dispatch, "align", 26),
+}
+
+
+@pytest.mark.parametrize("removal", REMOVALS, ids=lambda r: "_then_".join(r))
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("hook", list(PLACEMENT))
+def test_a_hook_that_places_weights_runs_in_the_recompute(hook, order, removal, counts):
+    spec = PLACEMENT[hook]
+    reference = _built(counts)
+    spec.apply(reference.model)
+    expected = _train_step(reference, counts)
+    per_forward = getattr(expected[2], spec.counter)
+    assert per_forward > 0 and getattr(expected[3], spec.counter) == 0
+
+    case = _built(counts)
+    _apply(case.model, order, spec.apply)
+    assert sorted(checkpointed_blocks(case.model)) == sorted(BLOCKS)
+    recomputed = []
+    for step in range(2):
+        got = _train_step(case, counts)
+        _assert_same(got, expected)
+        forward, backward = got[2], got[3]
+        assert getattr(forward, spec.counter) == per_forward
+        # The call that finds the hook set over ac-core's forward (the first block's first, with ac-core applied
+        # first) runs without checkpointing; from then on every block is recomputed inside its hook.
+        sat_out = order == "ac_core_first" and step == 0
+        assert backward.blocks == len(BLOCKS) - sat_out
+        recomputed.append(getattr(backward, spec.counter))
+        if hook == "group_offloading":  # each group recomputed with its weights onloaded, offloaded again after
+            assert backward.onload == backward.offload == backward.blocks
+    first = spec.recomputed_first_block if order == "ac_core_first" else 0
+    assert 0 < recomputed[0] == recomputed[1] - first
+
+    present = {"ac_core", "hook"}
+    for what in removal:
+        if what == "ac_core":
+            remove_activation_checkpointing(case.model)
+        else:
+            spec.remove(case.model)
+        present.discard(what)
+        got = _train_step(case, counts)
+        _assert_same(got, expected)
+        assert (getattr(got[2], spec.counter) == per_forward) == ("hook" in present)
+        assert got[3].blocks == (len(BLOCKS) if "ac_core" in present else 0)
+        assert (getattr(got[3], spec.counter) > 0) == (present == {"ac_core", "hook"})
+        assert sorted(checkpointed_blocks(case.model)) == (sorted(BLOCKS) if "ac_core" in present else [])
+        assert is_activation_checkpointed(case.model) == ("ac_core" in present)
+    assert _ac_core_forwards(case.model) == []
+
+
+# Diffusers' caches skip blocks: counted in inference, as they are used.
+
+
+def _denoise(case, counts: Counts, steps: int = 3) -> tuple[list[int], list[torch.Tensor]]:
+    """Block runs per step and outputs of ``steps`` cached denoising steps on the same inputs."""
+    runs, outputs = [], []
+    case.model._reset_stateful_cache()
+    with torch.no_grad():
+        for step in range(steps):
+            before = counts.blocks
+            with case.model.cache_context("cond", step_index=step):
+                outputs.append(case.model(**case.inputs).sample)
+            runs.append(counts.blocks - before)
+    return runs, outputs
+
+
+CACHE = FirstBlockCacheConfig(threshold=0.2)
+
+
+@pytest.mark.parametrize("removal", REMOVALS, ids=lambda r: "_then_".join(r))
+@pytest.mark.parametrize("order", ORDERS)
+def test_first_block_cache_keeps_skipping_and_checkpointing_stays_true(order, removal, counts):
+    reference = _built(counts)
+    reference.model.enable_cache(CACHE)
+    expected_runs, expected_outputs = _denoise(reference, counts)
+    assert expected_runs == [6, 1, 1]
+    expected = _train_step(reference, counts, context=True)
+    plain = _built(counts)
+    plain_training = _train_step(plain, counts)
+    _, plain_outputs = _denoise(plain, counts)
+
+    case = _built(counts)
+    _apply(case.model, order, lambda model: model.enable_cache(CACHE))
+    runs, outputs = _denoise(case, counts)
+    assert runs == [6, 1, 1]
+    torch.testing.assert_close(outputs, expected_outputs, rtol=0, atol=0)
+    got = _train_step(case, counts, context=True)
+    _assert_same(got, expected)
+    assert got[3].blocks == len(BLOCKS)  # every block recomputed
+
+    present = {"ac_core", "hook"}
+    for what in removal:
+        if what == "ac_core":
+            remove_activation_checkpointing(case.model)
+        else:
+            case.model.disable_cache()
+        present.discard(what)
+        runs, outputs = _denoise(case, counts)
+        assert runs == ([6, 1, 1] if "hook" in present else [6, 6, 6])
+        torch.testing.assert_close(outputs, expected_outputs if "hook" in present else plain_outputs, rtol=0, atol=0)
+        got = _train_step(case, counts, context="hook" in present)
+        _assert_same(got, expected if "hook" in present else plain_training)
+        # What checkpointed_blocks says is what runs: the blocks it lists are recomputed in backward.
+        listed = checkpointed_blocks(case.model)
+        assert sorted(listed) == (sorted(BLOCKS) if "ac_core" in present else [])
+        assert got[3].blocks == len(listed)
+    assert _ac_core_forwards(case.model) == []
+
+
+# Hooks on the leaf modules inside a block run inside ac-core's checkpoint in either order.
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_layerwise_casting_keeps_storage_dtype_and_gradients(order, counts):
+    def casting(model: nn.Module) -> None:
+        model.enable_layerwise_casting(storage_dtype=torch.bfloat16, compute_dtype=torch.float32)
+
+    reference = _built(counts)
+    casting(reference.model)
+    stored = {name: p.dtype for name, p in reference.model.named_parameters()}
+    assert torch.bfloat16 in stored.values()
+    expected = _train_step(reference, counts)
+
+    case = _built(counts)
+    _apply(case.model, order, casting)
+    for _ in range(2):
+        got = _train_step(case, counts)
+        _assert_same(got, expected)  # exact: the same casts, in the same order, forward and recompute
+        assert got[3].blocks == len(BLOCKS)
+        assert {name: p.dtype for name, p in case.model.named_parameters()} == stored
+    # diffusers cannot remove layerwise casting (its hook refuses to deinitialize); ac-core's removal leaves it.
+    remove_activation_checkpointing(case.model)
+    got = _train_step(case, counts)
+    _assert_same(got, expected)
+    assert got[3].blocks == 0 and checkpointed_blocks(case.model) == {}
+    assert {name: p.dtype for name, p in case.model.named_parameters()} == stored
+    assert _ac_core_forwards(case.model) == []
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_cpu_offload_loads_weights_in_the_recompute(order, counts):
+    def offloading(model: nn.Module) -> None:
+        cpu_offload(model, execution_device=CPU)
+
+    reference = _built(counts)
+    offloading(reference.model)
+    expected = _train_step(reference, counts)
+    assert expected[2].align > 0 and expected[3].align == 0
+
+    case = _built(counts)
+    _apply(case.model, order, offloading)
+    got = _train_step(case, counts)
+    _assert_same(got, expected)
+    assert got[2].align == expected[2].align and got[3].align > 0 and got[3].blocks == len(BLOCKS)
+    remove_activation_checkpointing(case.model)
+    got = _train_step(case, counts)
+    _assert_same(got, expected)
+    assert got[2].align == expected[2].align and got[3].align == 0 and got[3].blocks == 0
+    assert _ac_core_forwards(case.model) == []
+
+
+# Reporting.
+
+
+def test_a_hook_found_over_ac_core_is_reported_naming_the_blocks(counts, caplog):
+    case = _built(counts)
+    with caplog.at_level(logging.INFO, logger="ac_core"):
+        apply_activation_checkpointing(case.model, "full")
+        _group_offloading(case.model)
+        caplog.clear()
+        _train_step(case, counts)
+    found = [r.getMessage() for r in caplog.records if "came up through" in r.getMessage()]
+    assert len(found) == 1 and "transformer_blocks.0 (FluxTransformerBlock)" in found[0]
+    assert "group_offloading" in found[0] and "checkpointing sat out that call" in found[0]
+    moved = [r.getMessage() for r in caplog.records if "layers run above it from now on" in r.getMessage()]
+    assert len(moved) == 1 and "transformer_blocks.1 (FluxTransformerBlock)" in moved[0] and "2 more" in moved[0]
+
+    case = _built(counts)
+    _group_offloading(case.model)
+    with caplog.at_level(logging.INFO, logger="ac_core"):
+        caplog.clear()
+        apply_activation_checkpointing(case.model, "full")
+    kept = [r.getMessage() for r in caplog.records if "puts back ac-core's forward" in r.getMessage()]
+    assert len(kept) == 1 and "transformer_blocks.0" in kept[0] and "group_offloading" in kept[0]
+
+
+def test_a_forward_that_replaced_ac_core_s_is_reported_and_left_as_it_is(counts, caplog):
+    """A library that puts back the forward it kept from before ac-core's drops ac-core's: checkpointed_blocks,
+    is_activation_checkpointed and removal say so, and removal puts back nothing stale."""
+    case = _built(counts)
+    block = case.model.transformer_blocks[0]
+    kept = block.forward  # what such a library keeps from before ac-core
+    apply_activation_checkpointing(case.model, "full")
+    block.forward = kept  # ... and puts back on removing its hook
+    with caplog.at_level(logging.WARNING, logger="ac_core"):
+        listed = checkpointed_blocks(case.model)
+    assert sorted(listed) == sorted(set(BLOCKS) - {"transformer_blocks.0"})
+    assert any("transformer_blocks.0 (FluxTransformerBlock)" in r.getMessage() for r in caplog.records)
+    assert not is_activation_checkpointed(block) and is_activation_checkpointed(case.model)
+    assert _train_step(case, counts)[3].blocks == len(BLOCKS) - 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ac_core"):
+        remove_activation_checkpointing(case.model)
+    assert any("had been replaced" in r.getMessage() for r in caplog.records)
+    assert block.forward is kept and _ac_core_forwards(case.model) == []
+    _assert_same(_train_step(case, counts), _train_step(_built(counts), counts))
+
+
+def test_a_wrapper_that_keeps_ac_core_s_forward_out_of_reach_gets_a_pass_through(counts, caplog):
+    """A forward wrapped by someone who keeps it only in a closure (``__wrapped__``) cannot be taken out:
+    after ac-core's removal it passes straight through, never failing on a chain that is gone."""
+    case = _built(counts)
+    apply_activation_checkpointing(case.model, "full")
+    block = case.model.transformer_blocks[0]
+    inner = block.forward
+
+    @functools.wraps(inner)
+    def wrapper(*args, **kwargs):
+        return inner(*args, **kwargs)
+
+    block.forward = wrapper
+    assert sorted(checkpointed_blocks(case.model)) == sorted(BLOCKS)
+    with caplog.at_level(logging.INFO, logger="ac_core"):
+        remove_activation_checkpointing(case.model)
+    assert any("passes straight through" in r.getMessage() for r in caplog.records)
+    assert block.forward is wrapper and checkpointed_blocks(case.model) == {}
+    got = _train_step(case, counts)
+    assert got[3].blocks == 0
+    _assert_same(got, _train_step(_built(counts), counts))
