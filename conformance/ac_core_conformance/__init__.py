@@ -65,6 +65,7 @@ _EXPORTS = {
     "AttentionContext": "checks",
     "check_attention_recomputed": "checks",
     "check_attention_retained": "checks",
+    "check_budget": "checks",
     "check_compile": "checks",
     "check_coverage": "checks",
     "check_fsdp": "checks",

@@ -23,6 +23,7 @@ from .checks import (
     AttentionContext,
     check_attention_recomputed,
     check_attention_retained,
+    check_budget,
     check_compile,
     check_coverage,
     check_fsdp,
@@ -176,6 +177,14 @@ class MemoryTests(AdapterTests):
         held = check_memory(subject, device, policies=self._policies())
         figures = "  ".join(f"{policy}={n:,} B" for policy, n in held.items())
         print(f"ac-core held for backward, {subject.id} on {device}: {figures}")
+
+    def test_budget(self, subject: Subject) -> None:
+        """The memory-budget plan at half of none: within budget +5%, gradients as plain, JSON round trip (CPU)."""
+        report = check_budget(subject, fraction=0.5, device="cpu")
+        print(
+            f"ac-core budget plan, {subject.id}: budget {report.budget_bytes:,} B, predicted "
+            f"{report.predicted_bytes:,} B, measured {report.measured_bytes:,} B (none {report.none_bytes:,} B)"
+        )
 
 
 class NameTests(AdapterTests):

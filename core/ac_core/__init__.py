@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .checkpointing import (
     apply_activation_checkpointing,
     checkpointed_blocks,
@@ -63,7 +65,27 @@ from .warnings import reset_warnings
 
 __version__ = "0.1.0"
 
-__all__ = [
+if TYPE_CHECKING:
+    from .budget import Budget, CheckpointPlan, plan_activation_checkpointing
+
+# The memory-budget policy profiles with the measurement tools: imported (and registered) on first use.
+_LAZY = {"Budget": "budget", "CheckpointPlan": "budget", "plan_activation_checkpointing": "budget"}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'ac_core' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [  # noqa: RUF022  # the lazy names first
+    "Budget",
+    "CheckpointPlan",
+    "plan_activation_checkpointing",
     "DEFAULT_RETAINED_OPS",
     "DEFAULT_SAC_SAVE_OPS",
     "ENTRY_POINT_GROUP",

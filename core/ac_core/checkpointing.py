@@ -11,6 +11,7 @@ from torch import nn
 from . import _chain, _checkpoint
 from ._conflicts import check_foreign_wrappers
 from ._deprecated import UNSET, renamed
+from .coverage import undeclared_containers
 from .library_checkpointing import disable_library_checkpointing
 from .offload import OffloadConfig
 from .offload import model as offload_model
@@ -68,13 +69,15 @@ def apply_activation_checkpointing(
     with _chain.reports():
         remove_activation_checkpointing(model)
         for choice in selected:
-            layer = _checkpoint.CheckpointLayer(
+            make_layer = choice.layer or _checkpoint.CheckpointLayer  # a policy with a layer of its own (a plan)
+            layer = make_layer(
                 choice.kind, choice.retained, choice.block.path, choice.block.expects_attention, root=model
             )
             _checkpoint.install(choice.block.module, layer)
         if prepared_offload is not None:
             prepared_offload.install()
     _chain.link_root(model)
+    _warn_undeclared(plan)
     logger.info(
         "ac-core: %s checkpointing on %d of %d blocks of %s (%s)%s",
         config.name,
@@ -85,6 +88,19 @@ def apply_activation_checkpointing(
         f", offload from {offload.min_tokens} tokens" if offload is not None and offload.enabled else "",
     )
     return model
+
+
+def _warn_undeclared(plan: BlockPlan) -> None:
+    # Silent partial coverage trains fine and saves half the memory it should: say it where it happens.
+    undeclared = undeclared_containers(plan)
+    if undeclared:
+        logger.warning(
+            "ac-core: %s has blocks outside every container %s declares, left unchecked: %s. Add them to the "
+            "ModelSpec's containers (or to excluded, with the reason), or to blocks=[...].",
+            type(plan.model).__name__,
+            plan.source,
+            "; ".join(f"{fqn!r} ({where})" for fqn, where in undeclared.items()),
+        )
 
 
 def _prepare(plan: BlockPlan) -> None:

@@ -1,4 +1,4 @@
-"""The checkpointing policies a user can ask for, and how a request is resolved."""
+"""Policy names as FastVideo spells them (``CheckpointType``), and which one a training role asks for."""
 
 from __future__ import annotations
 
@@ -19,15 +19,6 @@ class CheckpointType(str, Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-def coerce_checkpoint_type(checkpointing_type: str | CheckpointType) -> CheckpointType:
-    """Return ``checkpointing_type`` as a :class:`CheckpointType`, or raise a ValueError naming the valid ones."""
-    try:
-        return CheckpointType(checkpointing_type)
-    except ValueError:
-        valid = ", ".join(repr(t.value) for t in CheckpointType)
-        raise ValueError(f"unknown checkpointing type {checkpointing_type!r}; valid types are {valid}") from None
 
 
 def resolve_checkpointing_type(checkpointing_type: str | None, training_config: Any) -> str | None:

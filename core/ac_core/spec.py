@@ -162,7 +162,11 @@ class ModelSpec:
     ``cls`` is an import string (``"diffusers.FluxTransformer2DModel"`` or the full module path).
     ``containers`` are dotted paths from the model to ModuleLists of blocks; a ``*`` segment
     stands for every child of a ModuleDict (``"mode_blocks.*"``). ``attention_calls`` maps each
-    block class name to the attention calls one forward of it makes. ``versions`` is a
+    block class name to the attention calls one forward of it makes: an int, or, where blocks of one
+    class make different numbers of calls (SD3.5's ``dual_attention_layers``), a mapping from the
+    block's index in its container to its calls, as the tiny model lays them out (``{0: 2, 1: 1}``;
+    ``ac-core inspect module:Class --draft`` prints it). A class with 0 calls is a block without
+    attention (ac-core never looks for attention in it). ``versions`` is a
     requirement string (``"diffusers>=0.42"``) for the library versions whose layout this declares.
     ``tiny`` builds a tiny :class:`ModelCase` from a config in code, with no download; it seeds torch
     itself, so every call builds the same weights and inputs. It and the ``presets`` are given as
@@ -177,7 +181,7 @@ class ModelSpec:
     cls: str
     containers: tuple[str, ...]
     excluded: tuple[ExcludedContainer, ...] = ()
-    attention_calls: Mapping[str, int] = field(default_factory=dict)
+    attention_calls: Mapping[str, int | Mapping[int, int]] = field(default_factory=dict)
     versions: str | None = None
     tiny: Factory | None = None
     presets: Mapping[str, Factory] = field(default_factory=dict)
@@ -186,7 +190,16 @@ class ModelSpec:
     def __post_init__(self) -> None:
         _tupled(self, "containers", self.containers)
         _tupled(self, "excluded", self.excluded)
-        object.__setattr__(self, "attention_calls", MappingProxyType(dict(self.attention_calls)))
+        object.__setattr__(
+            self,
+            "attention_calls",
+            MappingProxyType(
+                {
+                    block: calls if isinstance(calls, int) else MappingProxyType(dict(calls))
+                    for block, calls in self.attention_calls.items()
+                }
+            ),
+        )
         object.__setattr__(self, "presets", MappingProxyType(dict(self.presets)))
         if "." not in self.cls:
             raise AdapterError(f"ModelSpec.cls must be an import string like 'pkg.Class', got {self.cls!r}")
@@ -196,8 +209,15 @@ class ModelSpec:
         if overlap:
             raise AdapterError(f"ModelSpec for {self.cls}: {sorted(overlap)} both checkpointed and excluded")
         for block, calls in self.attention_calls.items():
-            if not isinstance(calls, int) or calls < 0:
-                raise AdapterError(f"ModelSpec for {self.cls}: attention_calls[{block!r}] must be an int >= 0")
+            per_index = calls.items() if isinstance(calls, Mapping) else [(0, calls)]
+            if isinstance(calls, bool) or not all(
+                type(i) is int and i >= 0 and type(n) is int and n >= 0 for i, n in per_index
+            ):
+                got = dict(calls) if isinstance(calls, Mapping) else calls
+                raise AdapterError(
+                    f"ModelSpec for {self.cls}: attention_calls[{block!r}] must be an int >= 0, or a mapping "
+                    f"of block index (int >= 0) to an int >= 0; got {got!r}"
+                )
         if self.tiny is not None:
             _check_factory(self.tiny, f"ModelSpec for {self.cls}: tiny")
         for name, factory in self.presets.items():
@@ -206,6 +226,14 @@ class ModelSpec:
     @property
     def class_name(self) -> str:
         return self.cls.rpartition(".")[2]
+
+    def calls_of(self, block_class: str, index: int | None = None) -> int | None:
+        """The attention calls ``attention_calls`` declares for one block of ``block_class``, the ``index``-th
+        of its container; None where it declares nothing for that class (or, for a per-index count, that index)."""
+        calls = self.attention_calls.get(block_class)
+        if calls is None or isinstance(calls, int):
+            return calls
+        return None if index is None else calls.get(index)
 
     @property
     def tiny_name(self) -> str | None:
@@ -242,6 +270,22 @@ class AdapterSpec:
     them (and logs what it changed). ``set_backend(model, name)`` switches the model's attention backend;
     ``token_count(model, inputs)`` gives the tokens one forward's main attention processes, over the whole
     batch (Llama: batch x sequence; Wan: latent patches; Flux: image plus text tokens).
+
+    ``backends`` are the attention implementations the served models can run, each with the dispatcher
+    ops that carry its output (what ``Ops()`` retains) or the reason none can be retained. ``default_backend``
+    names the one a freshly built model runs: the tiny model built by each ``ModelSpec.tiny`` must run it
+    as built (the conformance suite checks that the default backend's ops run in its forward), because a
+    backend other than the default is reached only through ``set_backend``; without ``set_backend`` only
+    the default is tested.
+
+    For a diffusers model whose attention processors go through diffusers' attention dispatcher
+    (``dispatch_attention_fn``: Flux, Chroma, Wan, HunyuanVideo), declare
+    ``backends=ac_core.libraries.diffusers.attention_backends()``, ``default_backend="native"`` and
+    ``set_backend=ac_core.libraries.diffusers.set_attention_backend``. Where the processor calls
+    ``torch.nn.functional.scaled_dot_product_attention`` itself (SD3's ``JointAttnProcessor2_0``,
+    CogVideoX's), diffusers' backend setting never reaches it: declare one backend with
+    ``ops=tuple(sorted(DEFAULT_RETAINED_OPS))`` as the default, and switch processors in your own
+    ``set_backend`` if you declare more. ``ac-core inspect module:Class`` says which of the two a model is.
     """
 
     name: str

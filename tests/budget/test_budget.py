@@ -176,3 +176,18 @@ def test_tiny_wan_budget_holds_and_gradients_equal():
     assert held == plan.held_bytes <= plan.budget_bytes
     for name, grad in reference.grads.items():
         torch.testing.assert_close(step.grads[name], grad)
+
+
+def test_blocks_called_several_times_per_forward_count_every_call():
+    # Wan-Animate's motion encoder runs its res blocks once per chunk of frames: a kept output is kept per call.
+    pytest.importorskip("diffusers")
+    from ac_core_adapters.models.wan import tiny_animate
+
+    case = tiny_animate()
+    plan = plan_activation_checkpointing(case.model, case.inputs, 0.5)
+    apply_plan(case.model, plan)
+    try:
+        held = _held(case)
+    finally:
+        remove_activation_checkpointing(case.model)
+    assert held == plan.held_bytes <= plan.budget_bytes

@@ -19,6 +19,7 @@ from tests.cli.fakes import GHOST, LIBRARY_TOY
 POLICIES = row_names()  # none, the registered policies, library
 ENVIRONMENT_FIELDS = {"torch", "diffusers", "transformers", "device", "dtype", "preset", "seq", "layers", "steps"}
 TOY_DEPTH = 4
+BUDGET_FIELDS = ("budget_bytes", "predicted_held_bytes", "predicted_recompute_flops")
 
 
 def _bench(tmp_path: Path, *flags: str) -> tuple[int, dict]:
@@ -48,7 +49,8 @@ def test_toy_rows_json_table_and_plot(tmp_path, capsys):
     for policy in measured:
         row = rows[policy]
         assert row["status"] == "ok", row
-        assert all(row[f] is not None for f in ROW_FIELDS if f != "reason"), row
+        assert all(row[f] is not None for f in ROW_FIELDS if f != "reason" and f not in BUDGET_FIELDS), row
+        assert all(row[f] is None for f in BUDGET_FIELDS), row
         assert len(row["step_times_s"]) == 2 and row["grad_ok"] is True and row["grad_max_abs_diff"] == 0
     assert rows["none"]["recompute_overhead"] == 0 and rows["none"]["time_ratio"] == 1
     assert {p: rows[p]["attention_recomputed"] for p in measured} == {
@@ -65,6 +67,41 @@ def test_toy_rows_json_table_and_plot(tmp_path, capsys):
     for label in ("none", "full", "ops", "block_skip(n=2)", "library", "skipped (1)", "no library checkpointing"):
         assert label in out
     assert _png_size(plot) == (500, 420)  # one panel: figsize 5 x 4.2 inches at 100 dpi
+
+
+def test_budget_rows_beside_the_fixed_policies(tmp_path, capsys):
+    plot = tmp_path / "bench.png"
+    code, data = _bench(
+        tmp_path, "--adapter", "toy", "--policy", "full,budget", "--budget", "0.25,0.75", "--steps", "1",
+        "--warmup", "0", "--plot", str(plot),
+    )  # fmt: skip
+    assert code == 0
+    rows = {row["label"]: row for row in data["rows"]}
+    assert list(rows) == ["none", "full", "budget(0.25)", "budget(0.75)"]
+    assert data["environment"]["budgets"] == [0.25, 0.75]
+    none = rows["none"]
+    for fraction in (0.25, 0.75):
+        row = rows[f"budget({fraction})"]
+        assert row["status"] == "ok" and row["policy"] == "budget" and row["grad_ok"] is True, row
+        # The plan is made on the model's forward; the row's held bytes add the loss's own saved tensors.
+        loss_bytes = none["held_for_backward_bytes"] - round(row["budget_bytes"] / fraction)
+        assert 0 <= loss_bytes < 0.05 * none["held_for_backward_bytes"]
+        assert abs(row["held_for_backward_bytes"] - row["predicted_held_bytes"] - loss_bytes) <= 4  # rounding
+        assert row["predicted_held_bytes"] <= row["budget_bytes"]
+        assert row["flops"] - none["flops"] == row["predicted_recompute_flops"]
+    assert rows["budget(0.25)"]["recompute_overhead"] > rows["budget(0.75)"]["recompute_overhead"]
+    out = capsys.readouterr().out
+    assert "budget(0.25): budget" in out and "within budget+5%" in out
+    assert _png_size(plot) == (500, 420)
+
+
+def test_budget_flags_are_checked(tmp_path, capsys):
+    assert main(["bench", "--adapter", "toy", "--policy", "full", "--budget", "0.5"]) == 2
+    assert "add budget to --policy" in capsys.readouterr().err
+    assert main(["bench", "--adapter", "toy", "--policy", "budget", "--budget", "lots"]) == 2
+    assert "not a size" in capsys.readouterr().err
+    assert main(["bench", "--adapter", "toy", "--policy", "budget", "--budget", "1.5"]) == 2
+    assert "0 < f <= 1" in capsys.readouterr().err
 
 
 def test_library_checkpointing_row_is_measured(tmp_path):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 
 from ac_core import register_adapter, registered_adapters, unregister_adapter
 from ac_core.cli import main
+from ac_core.testing import TOY_ADAPTER
 from tests.cli.fakes import GHOST
 
 
@@ -60,3 +62,50 @@ def test_flux_lists_single_transformer_blocks(capsys):
     out = _inspect(capsys, "flux")
     assert re.search(r"single_transformer_blocks: [1-9]\d* x FluxSingleTransformerBlock", out)
     assert "FluxSingleTransformerBlock: 1 attention call(s) declared; keeps aten::" in out
+
+
+def _toy_two_blocks():
+    from ac_core.testing import toy_case
+
+    return toy_case(depth=2)
+
+
+TWICE = dataclasses.replace(
+    TOY_ADAPTER,
+    name="twice",
+    models=(
+        TOY_ADAPTER.models[0],
+        dataclasses.replace(TOY_ADAPTER.models[0], tiny=_toy_two_blocks, attention_calls={"ToyBlock": {0: 1, 1: 1}}),
+    ),
+)
+"""The toy class declared twice (two tiny variants), the second with per-index attention calls."""
+
+
+def test_a_class_declared_twice_gets_two_headings_and_per_index_calls(capsys):
+    out = _inspect(capsys, "tests.cli.test_inspect:TWICE")
+    assert "ToyTransformer-toy_case  (" in out
+    assert "ToyTransformer-_toy_two_blocks  (" in out
+    assert "layers: 2 x ToyBlock" in out
+    assert "ToyBlock: by block index 0: 1, 1: 1, attention call(s) declared; keeps " in out
+
+
+def toy_inputs(model):
+    import torch
+
+    return {"x": torch.randn(2, 8, 64)}
+
+
+def test_module_class_where_probing_fails_asks_for_an_inputs_function(capsys):
+    assert main(["inspect", "ac_core.testing:ToyTransformer"]) == 2
+    err = capsys.readouterr().err
+    assert "no input derived from ToyTransformer.forward(x: 'torch.Tensor')" in err
+    assert "pass --inputs module:function, a function(model) returning forward's keyword arguments" in err
+
+
+def test_module_class_of_a_served_class_names_its_adapter(capsys):
+    out = _inspect(capsys, "ac_core.testing:ToyTransformer", "--inputs", "tests.cli.test_inspect:toy_inputs")
+    assert "inputs: from tests.cli.test_inspect:toy_inputs" in out
+    assert "served by adapter(s) toy: ac-core inspect toy" in out
+    assert "layers: 4 x ToyBlock" in out
+    assert "ToyBlock: 1 call(s); ran aten::_scaled_dot_product_flash_attention_for_cpu x1 per block" in out
+    assert "no backend switch found" in out

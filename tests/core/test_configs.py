@@ -122,3 +122,14 @@ def test_a_config_without_a_handler_is_refused():
 
     with pytest.raises(TypeError, match="no registered handler"):
         apply_activation_checkpointing(toy_case().model, Unregistered(), blocks=["layers"])
+
+
+@pytest.mark.parametrize("keyword", ["retain", "retain_ops"])
+def test_a_single_string_of_kept_ops_is_refused_with_the_fix(keyword):
+    model = toy_case().model
+    before = structure(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(TypeError, match=r"not a single string.*\{'aten::mm'\}|\{'aten::mm'\}.*not a single string"):
+            apply_activation_checkpointing(model, "ops", blocks=["layers"], **{keyword: "aten::mm"})
+    assert structure(model) == before and checkpointed_blocks(model) == {}

@@ -84,3 +84,19 @@ def test_a_missing_container_lists_block_lists_first_and_suggests_the_near_name(
     message = str(info.value)
     assert "its ModuleLists are ['layers']." in message  # not padded with layers.0.mlp ...
     assert message.endswith("Did you mean 'layers'?")
+
+
+def test_apply_warns_about_block_containers_left_out(caplog):
+    import logging
+
+    from ac_core import apply_activation_checkpointing, checkpointed_blocks
+
+    model = _TwoStacks()
+    with caplog.at_level(logging.WARNING, logger="ac_core"):
+        apply_activation_checkpointing(model, "full", blocks=["first"])
+    assert "'refiner' (ToyBlock at refiner.0)" in caplog.text and "left unchecked" in caplog.text
+    assert len(checkpointed_blocks(model)) == 3
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ac_core"):
+        apply_activation_checkpointing(model, "full", adapter=_SPEC)  # refiner declared excluded: nothing to say
+    assert "left unchecked" not in caplog.text

@@ -132,12 +132,13 @@ def test_inductor_options_chain_an_existing_pass_and_key_the_cache():
     assert ours.uuid() == same.uuid() != other.uuid()
 
 
-def test_dynamic_eager_policy_names_the_upstream_failure_and_the_ways_that_work(monkeypatch):
+def test_dynamic_eager_policy_names_the_upstream_failure_and_the_ways_that_work():
     case = toy_case(depth=2)
     with pytest.raises(ValueError, match=r"193194.*'ops', dynamic=True.*specialize_float = True"):
         ac_core.compile(case.model, "full", dynamic=True, backend="aot_eager", blocks=["layers"])
     assert checkpointed_blocks(case.model) == {}  # refused before anything changed
-    monkeypatch.setattr(torch._dynamo.config, "specialize_float", True)
     expected = loss_and_grads(toy_case(depth=2))
-    case.model = ac_core.compile(case.model, "full", dynamic=True, backend="aot_eager", blocks=["layers"])
-    assert_same_training(loss_and_grads(case), expected)
+    # torch's own config patch: it restores the option (pytest's monkeypatch cannot, on dynamo's config module).
+    with torch._dynamo.config.patch(specialize_float=True):
+        case.model = ac_core.compile(case.model, "full", dynamic=True, backend="aot_eager", blocks=["layers"])
+        assert_same_training(loss_and_grads(case), expected)

@@ -16,6 +16,7 @@ from .attention import (
     offload_context,
     preferred_retainable_backend,
 )
+from .budget import BudgetReport, check_budget
 from .compile import COMPILE_BACKEND_ENV, DEFAULT_COMPILE_BACKEND, check_compile, compile_backend
 from .coverage import CoverageReport, check_coverage
 from .fsdp import check_fsdp
@@ -40,10 +41,12 @@ __all__ = [
     "ROUND_TRIPS",
     "AttentionContext",
     "AttentionCounts",
+    "BudgetReport",
     "CoverageReport",
     "add_random_ops",
     "check_attention_recomputed",
     "check_attention_retained",
+    "check_budget",
     "check_compile",
     "check_coverage",
     "check_fsdp",

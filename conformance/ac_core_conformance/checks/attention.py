@@ -103,29 +103,47 @@ def preferred_retainable_backend(subject: Subject, device: str) -> str:
     )
 
 
+def _index(fqn: str) -> int | None:
+    """A block's index in its container: the last segment of its FQN."""
+    last = fqn.rpartition(".")[2]
+    return int(last) if last.isdigit() else None
+
+
 def _calls_per_block(subject: Subject, backend: AttentionBackend, device: str) -> tuple[dict[str, int], int]:
-    """Kernel calls of ``backend`` per declared block in one plain forward, checked against attention_calls."""
-    case = build(subject, device, backend=backend.name)
+    """Kernel calls of ``backend`` per declared block in one plain forward, checked against attention_calls.
+
+    On the default backend the tiny model runs as its factory built it (``set_backend`` is not called):
+    the default backend must be what a freshly built model runs.
+    """
+    default = backend.name == subject.adapter.default_backend
+    case = build(subject, device, backend=None if default else backend.name)
     blocks = {block.path: block.module for block in subject.plan(case.model)}
     with torch.no_grad(), OpCounter() as ran, attribute_ops(blocks, lambda op: op_matches(op, backend.ops)) as counts:
         case.run()
     per_block = {fqn: counts.get(fqn, 0) for fqn in blocks}
-    if not any(per_block.values()) and any(
-        subject.model.attention_calls.get(type(b).__name__) for b in blocks.values()
-    ):
+    declared_calls = {fqn: subject.model.calls_of(type(b).__name__, _index(fqn)) for fqn, b in blocks.items()}
+    if not any(per_block.values()) and any(declared_calls.values()):
         # Nothing declared ran at all: the op names are wrong, not the counts (or the switch did not take).
         seen = sorted(op for op in ran.forward if is_attention_like(op))
         raise AssertionError(
             f"{subject.id} on backend {backend.name!r} ({device}): none of its declared ops {list(backend.ops)} ran "
-            f"in one forward. Attention-like ops that did run: {seen or 'none'}. Declare the op that carries the "
+            "in one forward. "
+            f"Attention-like ops that did run: {seen or 'none'}. Declare the op that carries the "
             "attention output in AttentionBackend.ops (a dispatcher name, as OpOverload.name() spells it), or "
-            "check that set_backend really switches this model to the backend."
+            + (
+                "check that the tiny factory builds the model on its default backend (the default backend is "
+                "checked on the tiny model as built, without set_backend)."
+                if default
+                else "check that set_backend really switches this model to the backend."
+            )
         )
     problems = []
     for fqn, block in blocks.items():
         cls = type(block).__name__
-        declared = subject.model.attention_calls.get(cls)
-        if declared is None:
+        declared = declared_calls[fqn]
+        if declared is None and cls in subject.model.attention_calls:
+            problems.append(f"attention_calls[{cls!r}] declares nothing for block index {_index(fqn)} (at {fqn})")
+        elif declared is None:
             problems.append(f"attention_calls declares nothing for block class {cls} (at {fqn})")
         elif per_block[fqn] != declared:
             problems.append(

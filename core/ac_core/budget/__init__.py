@@ -5,7 +5,15 @@ Importing this package registers the ``plan`` and ``budget`` policy configs.
 
 from __future__ import annotations
 
-from .plan import Budget, CheckpointPlan, PlannedBlock, apply_plan, parse_budget, plan_activation_checkpointing
+from .plan import (
+    Budget,
+    CheckpointPlan,
+    PlannedBlock,
+    apply_plan,
+    parse_budget,
+    plan_activation_checkpointing,
+    plan_from_profile,
+)
 from .profile import BlockProfile, ModelProfile, OpOccurrence, profile_model
 from .solve import solve
 
@@ -19,6 +27,7 @@ __all__ = [
     "apply_plan",
     "parse_budget",
     "plan_activation_checkpointing",
+    "plan_from_profile",
     "profile_model",
     "solve",
 ]

@@ -8,7 +8,6 @@ example_inputs=...)`` plans and applies in one call.
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import hashlib
 import json
@@ -27,9 +26,8 @@ from ..plan import BlockPlan, resolve_blocks
 from ..policies import BlockSelection, PolicyConfig, register_policy
 from ..policy import CheckpointType
 from ..spec import AdapterSpec
-from ..warnings import warn_once
 from ._layer import PlannedLayer
-from .profile import Signature, describe_signature, profile_model
+from .profile import ModelProfile, Signature, describe_signature, profile_model
 from .solve import FULL, NONE, OPS, Choice, solve
 
 logger = logging.getLogger("ac_core")
@@ -240,8 +238,14 @@ def _model_class(plan: BlockPlan) -> str:
 
 
 def _plan(block_plan: BlockPlan, example_inputs: Any, memory_budget: object) -> CheckpointPlan:
+    parse_budget(memory_budget)  # a bad budget fails before the model runs
+    return plan_from_profile(profile_model(block_plan, example_inputs), memory_budget)
+
+
+def plan_from_profile(profile: ModelProfile, memory_budget: object) -> CheckpointPlan:
+    """The plan for ``memory_budget`` from a model's profile (:func:`~ac_core.budget.profile_model`): profile
+    once, plan at several budgets (what ``ac-core bench --policy budget`` does)."""
     kind, value = parse_budget(memory_budget)
-    profile = profile_model(block_plan, example_inputs)
     budget = math.floor(value * profile.none_bytes) if kind == "fraction" else int(value)
     minimum = profile.min_bytes
     if budget < minimum:
@@ -313,18 +317,11 @@ def _check_layout(plan: CheckpointPlan, block_plan: BlockPlan) -> None:
     )
 
 
-# Set while apply_plan installs the plan's layers itself (BlockSelection cannot carry a layer yet).
-_applying: contextvars.ContextVar[bool] = contextvars.ContextVar("ac_core_budget_applying", default=False)
-
-
 def _make_layer(
     keep: tuple[tuple[str, int], ...], planned: Signature, kind: Any, retained: Any, path: str,
     expects_attention: bool = True, *, root: nn.Module | None = None,
 ) -> PlannedLayer:  # fmt: skip
     return PlannedLayer(keep, planned, path, expects_attention, root=root)
-
-
-_CARRIES_LAYER = "layer" in BlockSelection.__dataclass_fields__
 
 
 @register_policy(CheckpointPlan)
@@ -335,23 +332,10 @@ def _plan_selections(config: CheckpointPlan, block_plan: BlockPlan) -> list[Bloc
     for planned in config.blocks:
         if planned.mode == NONE:
             continue
-        block = by_path[planned.path]
-        kind = CheckpointType.OPS if planned.mode == OPS else CheckpointType.FULL
-        retained = frozenset(op for op, _ in planned.keep)
-        if _CARRIES_LAYER:
-            factory = functools.partial(_make_layer, planned.keep, planned.inputs)
-            selections.append(BlockSelection(block, kind, retained, layer=factory))  # type: ignore[call-arg]
-        else:
-            # Until BlockSelection carries a layer, apply_plan installs the planned layers over these; applied
-            # through the verb alone, a block keeping ops is checkpointed whole (within budget, more recompute).
-            if kind is CheckpointType.OPS and not _applying.get():
-                warn_once(
-                    "budget-plan-verb",
-                    "ac-core: this ac-core cannot yet install per-occurrence keeps through "
-                    "apply_activation_checkpointing; blocks that keep ops are checkpointed whole. Use "
-                    "ac_core.budget.apply_plan(model, plan) for the plan as made.",
-                )
-            selections.append(BlockSelection(block, CheckpointType.FULL))
+        # The layer keeps the planned occurrences. A verb that does not install a selection's own layer
+        # checkpoints the block whole (FULL: within budget, more recompute); apply_plan then puts the layers in.
+        factory = functools.partial(_make_layer, planned.keep, planned.inputs)
+        selections.append(BlockSelection(by_path[planned.path], CheckpointType.FULL, layer=factory))
     return selections
 
 
@@ -373,16 +357,11 @@ def apply_plan(
     block_plan = resolve_blocks(model, adapter, blocks)
     if isinstance(plan, Budget):
         plan = _plan(block_plan, plan.example_inputs, plan.memory_budget)
-    token = _applying.set(True)
-    try:
-        apply_activation_checkpointing(model, plan, adapter=adapter, blocks=blocks)
-    finally:
-        _applying.reset(token)
-    if not _CARRIES_LAYER:
-        by_path = {b.path: b for b in block_plan}
-        for planned in plan.blocks:
-            if planned.mode != NONE:
-                block = by_path[planned.path]
-                layer = PlannedLayer(planned.keep, planned.inputs, planned.path, block.expects_attention, root=model)
-                _checkpoint.install(block.module, layer)
+    apply_activation_checkpointing(model, plan, adapter=adapter, blocks=blocks)
+    by_path = {b.path: b for b in block_plan}
+    for planned in plan.blocks:
+        block = by_path[planned.path]
+        if planned.mode != NONE and not isinstance(_checkpoint.layer_of(block.module), PlannedLayer):
+            layer = PlannedLayer(planned.keep, planned.inputs, planned.path, block.expects_attention, root=model)
+            _checkpoint.install(block.module, layer)
     return model

@@ -23,10 +23,11 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .. import _chain
+from .. import _chain, _checkpoint
 from ..measure.flops import GlobalFlopCounter
 from ..measure.memory import held_for_backward, live_nbytes, new_storages, plain_tensors, storage_ref
 from ..plan import BlockPlan
+from ..policy import CheckpointType
 
 # One tensor argument of a block: (argument, shape, dtype). The argument is its position ("0") or keyword name,
 # with a pytree path suffix for tensors inside containers ("rotary[1]").
@@ -78,6 +79,7 @@ class BlockProfile:
     forward_flops: int
     recompute_flops: int
     candidates: tuple[OpOccurrence, ...]
+    calls: int = 1  # per forward; the figures above are for all of them
 
     @property
     def keep_all_bytes(self) -> int:
@@ -99,10 +101,18 @@ class ModelProfile:
     blocks: tuple[tuple[str, BlockProfile], ...]
     none_bytes: int
     checkpoint_input_bytes: int = 0
+    full_bytes: int | None = None
 
     @property
     def min_bytes(self) -> int:
-        """What every plan that checkpoints a block holds besides its blocks' parts: the least any plan holds."""
+        """What every plan that checkpoints a block holds besides its blocks' parts: the least any plan holds.
+
+        ``full_bytes`` where measured (one forward with every block checkpointed whole): a block's own profile
+        can hold a little more than its part of the whole model's forward (transformers' Llama: a tensor made
+        once and shared between blocks), so the rest inferred from it would come short by as much.
+        """
+        if self.full_bytes is not None:
+            return self.full_bytes
         return self.outside_bytes + self.checkpoint_input_bytes
 
     @property
@@ -136,10 +146,17 @@ class _CpuAttentionOnMeta(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention and args and args[0].device.type == "meta":
-            q, k, v = (list(args) + [kwargs.get(n) for n in ("query", "key", "value")][len(args) :])[:3]
-            options = dict(zip(("attn_mask", "dropout_p", "is_causal"), args[3:], strict=False)) | kwargs
-            if not options.get("enable_gqa") and q.dim() == 4:
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            # Called positionally (torch) or by keyword (diffusers' dispatcher: query=, key=, value=).
+            names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+            options = dict(zip(names, args, strict=False)) | kwargs
+            q, k, v = options.get("query"), options.get("key"), options.get("value")
+            if (
+                isinstance(q, torch.Tensor)
+                and q.device.type == "meta"
+                and q.dim() == 4
+                and not options.get("enable_gqa")
+            ):
                 return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                     q,
                     k,
@@ -208,14 +225,16 @@ def profile_model(plan: BlockPlan, example_inputs: Any) -> ModelProfile:
     block_inputs: dict[int, tuple[StorageWeakRef, int]] = {}
     keys: dict[str, tuple[str, Signature]] = {}
     firsts: dict[tuple[str, Signature], str] = {}
+    calls: dict[str, int] = defaultdict(int)
 
     def pre_hook(path: str):
         def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
             for leaf in plain_tensors((args, kwargs)):
                 ref = storage_ref(leaf)
                 block_inputs.setdefault(ref.cdata, (ref, live_nbytes(ref)))
+            calls[path] += 1
             if path in keys:
-                return  # a block called twice per forward keeps its first call's profile
+                return  # a block called again in the forward: profiled at its first call, counted per call
             key = (type(module).__qualname__, signature(args, kwargs))
             keys[path] = key
             if key not in firsts:
@@ -269,7 +288,44 @@ def profile_model(plan: BlockPlan, example_inputs: Any) -> ModelProfile:
     return ModelProfile(
         model_class=f"{type(served).__module__}.{type(served).__qualname__}",
         inputs=inputs_signature(example_inputs),
-        blocks=tuple((b.path, profiles[keys[b.path]]) for b in blocks),
+        blocks=tuple((b.path, _per_forward(profiles[keys[b.path]], calls[b.path])) for b in blocks),
         none_bytes=none_bytes,
         checkpoint_input_bytes=freed_inputs,
+        full_bytes=_held_all_full(plan, example_inputs),
     )
+
+
+def _per_forward(profile: BlockProfile, calls: int) -> BlockProfile:
+    """``profile`` of one call, for a block called ``calls`` times per forward (a chunked encoder): every call
+    holds and recomputes as much, and a kept occurrence is kept in each call."""
+    if calls == 1:
+        return profile
+    return BlockProfile(
+        class_name=profile.class_name,
+        signature=profile.signature,
+        none_bytes=calls * profile.none_bytes,
+        forward_flops=calls * profile.forward_flops,
+        recompute_flops=calls * profile.recompute_flops,
+        candidates=tuple(
+            OpOccurrence(op.op, op.index, calls * op.nbytes, calls * op.flops) for op in profile.candidates
+        ),
+        calls=calls,
+    )
+
+
+def _held_all_full(plan: BlockPlan, example_inputs: Any) -> int:
+    """Bytes the model's forward holds for backward with every block checkpointed whole, as ac-core does it."""
+    blocks = list(plan)
+    with _unchecked([b.module for b in blocks]):
+        for b in blocks:
+            layer = _checkpoint.CheckpointLayer(
+                CheckpointType.FULL, frozenset(), b.path, b.expects_attention, root=plan.model
+            )
+            _checkpoint.install(b.module, layer)
+        try:
+            with torch.enable_grad(), _CpuAttentionOnMeta():
+                _, held = held_for_backward(lambda: call_model(plan.model, example_inputs))
+        finally:
+            for b in blocks:
+                _checkpoint.uninstall(b.module)
+    return held

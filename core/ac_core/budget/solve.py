@@ -81,9 +81,9 @@ def solve(profile: ModelProfile, budget_bytes: int) -> list[Choice]:
     """Each block's choice (in ``profile.blocks`` order) holding at most ``budget_bytes`` in all, least recompute."""
     blocks = [p for _, p in profile.blocks]
     capacity = budget_bytes - profile.min_bytes
-    groups: dict[tuple[str, tuple], list[int]] = {}
+    groups: dict[tuple[str, tuple, int], list[int]] = {}
     for i, p in enumerate(blocks):
-        groups.setdefault((p.class_name, p.signature), []).append(i)
+        groups.setdefault((p.class_name, p.signature, p.calls), []).append(i)
     # Only where none holds less than keeping everything keepable can leaving a block unchecked pay.
     open_groups = [g for g in groups.values() if blocks[g[0]].none_bytes < blocks[g[0]].keep_all_bytes]
     per_group = max(2, int(_MAX_COMBINATIONS ** (1 / len(open_groups)))) if open_groups else 1

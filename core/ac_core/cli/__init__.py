@@ -15,16 +15,17 @@ from ._common import CLIError
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``ac-core`` argument parser with its subcommands."""
-    from . import bench, compare, inspect
+    from . import bench, compare, inspect, plan
 
     parser = argparse.ArgumentParser(
         prog="ac-core",
         description="Activation checkpointing for video diffusion transformers and LLMs: inspect, benchmark, compare.",
     )
-    subparsers = parser.add_subparsers(title="commands", required=True, metavar="{inspect,bench,compare}")
+    subparsers = parser.add_subparsers(title="commands", required=True, metavar="{inspect,bench,compare,plan}")
     inspect.add_parser(subparsers)
     bench.add_parser(subparsers)
     compare.add_parser(subparsers)
+    plan.add_parser(subparsers)
     return parser
 
 

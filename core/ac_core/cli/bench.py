@@ -29,10 +29,20 @@ from ._common import (
     stderr,
     stdout,
 )
-from .rows import Row, row_names, variants
+from .plan import budget_value
+from .rows import BUDGET, Row, row_names, variants
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = ("cpu", "cuda")
+DEFAULT_BUDGETS = "0.25,0.5,0.75"
+
+
+def _budgets(value: str) -> list[float | int | str]:
+    """``--budget``: comma-separated fractions of none's held-for-backward, bytes or sizes."""
+    try:
+        return [budget_value(name) for name in split_names(value)]
+    except argparse.ArgumentTypeError as exc:
+        raise CLIError(f"--budget: {exc}") from None
 
 
 def _validate(args: argparse.Namespace) -> tuple[list[tuple[AdapterSpec, list[ModelSpec]]], list[str]]:
@@ -42,12 +52,17 @@ def _validate(args: argparse.Namespace) -> tuple[list[tuple[AdapterSpec, list[Mo
     for name in split_names(args.policy):
         if name == "all":
             policies.extend(valid)
-        elif name in valid:
+        elif name in valid or name == BUDGET:
             policies.append(name)
         else:
-            raise CLIError(f"unknown policy {name!r}; valid values: all, {', '.join(valid)}")
+            raise CLIError(f"unknown policy {name!r}; valid values: all, {', '.join(valid)}, {BUDGET}")
     if not policies:
-        raise CLIError(f"--policy names no policy; valid values: all, {', '.join(valid)}")
+        raise CLIError(f"--policy names no policy; valid values: all, {', '.join(valid)}, {BUDGET}")
+    if args.budget is not None and BUDGET not in policies:
+        raise CLIError(f"--budget sizes the {BUDGET} rows; add {BUDGET} to --policy (e.g. --policy all,{BUDGET})")
+    args.budgets = _budgets(DEFAULT_BUDGETS if args.budget is None else args.budget) if BUDGET in policies else []
+    if BUDGET in policies and not args.budgets:
+        raise CLIError(f"--budget names no budget; e.g. --budget {DEFAULT_BUDGETS}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CLIError(f"--device cuda: CUDA is not available here (torch {torch.__version__}); valid values: cpu")
     if args.preset == TINY and (args.layers is not None or args.seq is not None):
@@ -97,7 +112,7 @@ def _run(args: argparse.Namespace, selected: list[tuple[AdapterSpec, list[ModelS
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     settings = Settings(args.preset, args.layers, args.seq, device, dtype, args.steps, args.warmup)
     with library_notices_silenced({adapter.library for adapter, _ in selected if adapter.library}):
-        rows = run_rows(selected, variants(policies, args.n_layer, offload), settings)
+        rows = run_rows(selected, variants(policies, args.n_layer, offload, args.budgets), settings)
     env = environment(
         device,
         dtype,
@@ -108,6 +123,7 @@ def _run(args: argparse.Namespace, selected: list[tuple[AdapterSpec, list[ModelS
         warmup=args.warmup,
         n_layer=args.n_layer,
         offload_min_tokens=args.offload,
+        budgets=args.budgets or None,
     )
     console = stdout()
     print_table(console, rows, env)
@@ -152,7 +168,17 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--adapter", default="all", help="adapter name(s), comma-separated, or 'all' (default)")
     parser.add_argument(
-        "--policy", default="all", help=f"policies, comma-separated, or 'all' (default): {', '.join(row_names())}"
+        "--policy",
+        default="all",
+        help=f"policies, comma-separated, or 'all' (default): {', '.join(row_names())}; and {BUDGET} (not in all: "
+        "the memory-budget plan at each --budget)",
+    )
+    parser.add_argument(
+        "--budget",
+        default=None,
+        metavar="B[,B...]",
+        help=f"memory budgets of the {BUDGET} rows: fractions of none's held-for-backward, bytes or sizes such as "
+        f"40GiB, comma-separated ({DEFAULT_BUDGETS}); one row each, planned on the row's model and inputs",
     )
     parser.add_argument(
         "--n-layer", type=positive, default=2, help=f"{BlockSkip.name} checkpoints every n-th block (2)"

@@ -5,30 +5,36 @@ from __future__ import annotations
 import argparse
 import functools
 import operator
+import sys
 from collections import Counter
 from typing import Any
 
 import torch
 from rich.console import Console
 from rich.markup import escape
+from torch import nn
 
 from ..errors import AdapterError
 from ..measure import attribute_ops, op_matches
 from ..ops import DEFAULT_RETAINED_OPS
 from ..plan import BlockPlan, resolve_blocks
+from ..refs import load_ref
 from ..registry import registered_adapters
-from ..spec import AdapterSpec, ModelCase, ModelSpec
+from ..spec import AdapterSpec, ModelCase, ModelSpec, class_path
 from ._common import (
+    NOTICE_LIBRARIES,
     TINY,
     CLIError,
     build_case,
     known_adapters,
+    library_notices_silenced,
     missing_library,
     presets_of,
     select_adapters,
     stdout,
     version_status,
 )
+from .draft import DraftError, Findings, TensorInput, draft_source, inspect_class, load_config
 
 
 def retained_ops_per_block(case: ModelCase, plan: BlockPlan, retained: frozenset[str]) -> dict[str, dict[str, float]]:
@@ -89,6 +95,8 @@ def _per_block_lines(model: ModelSpec, measured: dict[str, dict[str, float]] | N
     lines = []
     for kind in sorted(set(model.attention_calls) | set(measured or {})):
         declared = model.attention_calls.get(kind)
+        if declared is not None and not isinstance(declared, int):
+            declared = "by block index " + ", ".join(f"{i}: {n}" for i, n in sorted(declared.items())) + ","
         line = escape(f"{kind}: {declared if declared is not None else 'no'} attention call(s) declared")
         if measured is not None:
             ops = measured.get(kind, {})
@@ -114,7 +122,7 @@ def _plan(case: ModelCase, adapter: AdapterSpec) -> BlockPlan:
 def _print_model(
     console: Console, adapter: AdapterSpec, model: ModelSpec, preset: str, retained: frozenset[str]
 ) -> None:
-    console.print(f"[bold]{escape(model.class_name)}[/]  " + escape(f"({model.cls})"))
+    console.print(f"[bold]{escape(adapter.model_label(model))}[/]  " + escape(f"({model.cls})"))
     console.print(f"  {_version_line(model)}")
     case = plan = None
     if preset == TINY and model.tiny is None:
@@ -195,15 +203,127 @@ def _select(target: str) -> list[tuple[AdapterSpec, list[ModelSpec] | None]]:
         (adapter, [m]) for adapter in known.values() for m in adapter.models if target in (m.class_name, m.cls)
     ]
     if not matches:
+        example = target if target[:1].isupper() else "SD3Transformer2DModel"
         classes = sorted({m.class_name for a in known.values() for m in a.models})
         raise CLIError(
             f"unknown adapter or model class {target!r}; adapters: all, {', '.join(sorted(known))}; "
-            f"model classes: {', '.join(classes)}"
+            f"model classes: {', '.join(classes)}. For a class no adapter serves, name its module: "
+            f"ac-core inspect module:Class (e.g. diffusers:{example})"
         )
     return matches
 
 
+def _model_class(target: str) -> type | None:
+    """The nn.Module class ``module:Class`` names, or None where ``target`` is no such reference."""
+    if ":" not in target or "," in target:
+        return None
+    try:
+        obj = load_ref(target, what="adapter or model class")
+    except AdapterError as exc:
+        raise CLIError(str(exc)) from None
+    return obj if isinstance(obj, type) and issubclass(obj, nn.Module) else None
+
+
+def _serving(cls: type) -> list[str]:
+    return sorted(name for name, adapter in known_adapters().items() if adapter.serves(cls))
+
+
+def _print_findings(console: Console, findings: Findings, serving: list[str]) -> None:
+    cls = findings.cls
+    console.rule(f"[bold]{escape(cls.__name__)}[/]")
+    console.print(escape(f"class: {class_path(cls)}"))
+    if serving:
+        console.print(escape(f"served by adapter(s) {', '.join(serving)}: ac-core inspect {serving[0]}"))
+    else:
+        console.print("no adapter serves it: this is what one must declare ([bold]--draft[/] prints it as Python)")
+    console.print(
+        escape(f"tiny config: {findings.config}") + " (derived from the class's defaults; --config overrides)"
+    )
+    if findings.inputs is None:
+        console.print(escape(f"inputs: from {findings.inputs_ref}"))
+    else:
+        shown = ", ".join(
+            f"{k} {tuple(v.shape) if v.kind != 'tensor' else list(v.values)}"
+            if isinstance(v, TensorInput)
+            else f"{k}={v!r}"
+            for k, v in findings.inputs.items()
+        )
+        console.print(escape(f"inputs (probed from forward's signature): {shown}"))
+    console.print("block containers (ModuleLists of repeated blocks):")
+    for path, blocks in findings.containers.items():
+        console.print(escape(f"  {path}: {blocks}"))
+    if findings.declared_blocks:
+        console.print(
+            escape(
+                f"  the model names its blocks (_no_split_modules / _repeated_blocks): "
+                f"{', '.join(sorted(findings.declared_blocks))}"
+            )
+        )
+    for fqn, where in findings.uncovered.items():
+        console.print("  [red]not covered[/]: " + escape(f"{fqn} ({where}): add it to containers or excluded"))
+    console.print("attention calls per block forward (measured on the tiny model):")
+    for kind, calls in findings.attention_calls.items():
+        ops = escape(", ".join(f"{op} x{n:g}" for op, n in findings.ops_per_block.get(kind, {}).items()) or "none")
+        if isinstance(calls, int):
+            console.print(escape(f"  {kind}: {calls} call(s)") + f"; ran {ops} per block")
+        else:
+            per_index = ", ".join(f"{i}: {n}" for i, n in calls.items())
+            console.print(
+                escape(f"  {kind}: differs by block, index -> calls {per_index}") + f"; ran {ops} per block on average"
+            )
+        others = findings.other_attention_ops.get(kind)
+        if others:
+            console.print(escape(f"    also ran attention-like ops no backend retains: {', '.join(others)}"))
+    console.print("attention backends:")
+    if findings.family == "transformers":
+        console.print(
+            "  transformers' attn_implementation values: ac_core.libraries.transformers.BACKENDS, default sdpa"
+        )
+    elif findings.dispatcher is None:
+        console.print(
+            "  no backend switch found: declare the SDPA kernels it runs (DEFAULT_RETAINED_OPS) as the default"
+        )
+    else:
+        if findings.dispatcher:
+            console.print(
+                "  its processors go through diffusers' attention dispatcher: declare "
+                "ac_core.libraries.diffusers.attention_backends() with set_attention_backend, default 'native'"
+            )
+        else:
+            console.print(
+                "  its processors call SDPA themselves: diffusers' backend setting does not reach them (the math "
+                "backend still ran a fused kernel); declare 'sdpa' with DEFAULT_RETAINED_OPS as the only backend, "
+                "or switch processors in your own set_backend"
+            )
+        for name, ops in findings.backends.items():
+            reached = escape(", ".join(ops)) if ops else "[yellow]no retainable op[/]"
+            console.print(f"  {escape(name)} (tried on CPU): {reached}")
+
+
+def _inspect_class(args: argparse.Namespace, cls: type) -> int:
+    try:
+        with library_notices_silenced(NOTICE_LIBRARIES):
+            findings, _ = inspect_class(args.target, config=load_config(args.config), inputs_ref=args.inputs)
+    except (DraftError, AdapterError) as exc:
+        raise CLIError(str(exc)) from None
+    if args.draft:
+        sys.stdout.write(draft_source(findings))
+    else:
+        _print_findings(stdout(), findings, _serving(cls))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    cls = _model_class(args.target)
+    if cls is not None:
+        return _inspect_class(args, cls)
+    given = [
+        flag for flag, value in (("--draft", args.draft), ("--config", args.config), ("--inputs", args.inputs)) if value
+    ]
+    if given:
+        raise CLIError(
+            f"{' and '.join(given)} only work with a model class, e.g. ac-core inspect diffusers:SD3Transformer2DModel"
+        )
     selected = _select(args.target)
     valid = presets_of(adapter for adapter, _ in selected)
     if args.preset not in valid:
@@ -226,9 +346,30 @@ def add_parser(subparsers: Any) -> None:
             "For each model class the adapter serves: its block containers and block counts (of the tiny config, "
             "or of a named preset built on the meta device), excluded containers and why, attention backends and "
             "whether 'ops' can retain them, the op names 'ops' keeps per block (measured on one forward of the "
-            "tiny config), and whether the installed library version is supported."
+            "tiny config), and whether the installed library version is supported. Given module:Class of a model "
+            "class no adapter serves, it builds the class tiny and prints what an adapter must declare: block "
+            "containers, attention calls per block, the attention backends it can switch to; --draft prints the "
+            "AdapterSpec to save and check with the conformance suite."
         ),
     )
-    parser.add_argument("target", nargs="?", default="all", help="adapter (family) name, model class name, or 'all'")
+    parser.add_argument(
+        "target",
+        nargs="?",
+        default="all",
+        help="adapter (family) name, model class name, 'all', or module:Class of a model class no adapter serves "
+        "(e.g. diffusers:SD3Transformer2DModel): built tiny, it shows what an adapter must declare",
+    )
+    parser.add_argument(
+        "--draft", action="store_true", help="with module:Class: print a draft AdapterSpec (a Python module) instead"
+    )
+    parser.add_argument(
+        "--config",
+        help="with module:Class: tiny config as a JSON object (or @file.json), over the one derived from the defaults",
+    )
+    parser.add_argument(
+        "--inputs",
+        metavar="MODULE:FUNCTION",
+        help="with module:Class: a function(model) returning forward's keyword arguments, where probing fails",
+    )
     parser.add_argument("--preset", default=TINY, help="'tiny' (default) or a named preset, e.g. flux.1-dev")
     parser.set_defaults(run=run, command_name=parser.prog.split()[-1])

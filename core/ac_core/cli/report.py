@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ._common import human_bytes, human_flops
-from .rows import Row
+from .rows import BUDGET, Row
 
 
 def _percent(value: float | None) -> str:
@@ -87,6 +87,26 @@ def print_table(console: Console, rows: Sequence[Row], env: dict[str, Any]) -> N
     console.print(table)
     for note in notes:
         console.print(note)
+    for line in budget_lines(rows):
+        console.print(line, markup=False)
+
+
+def budget_lines(rows: Sequence[Row]) -> list[str]:
+    """One line per measured budget row: its budget, the plan's prediction, and what was measured against both."""
+    lines = []
+    for row in rows:
+        if row.policy != BUDGET or row.status != "ok" or row.budget_bytes is None:
+            continue
+        held = row.held_for_backward_bytes or 0
+        predicted = row.predicted_held_bytes or 0
+        within = "within" if held <= 1.05 * row.budget_bytes else "OVER"
+        error = f"{(predicted - held) / held:+.1%}" if held else "-"
+        lines.append(
+            f"{row.adapter} {row.model} {row.label}: budget {human_bytes(row.budget_bytes)}, planned "
+            f"{human_bytes(predicted)} (error {error}), measured {human_bytes(held)}: {within} budget+5%; "
+            f"planned recompute {human_flops(row.predicted_recompute_flops)}"
+        )
+    return lines
 
 
 _CAPTION = (
@@ -130,9 +150,21 @@ def write_plot(path: Path, rows: Sequence[Row], env: dict[str, Any]) -> None:
         shared: dict[tuple[float, float], tuple[list[str], set[str]]] = {}
         for index, model in enumerate(models):
             points = [(r, point) for r, point in measured if r.adapter == adapter and r.model == model]
-            ax.scatter(
-                [x for _, (x, _) in points], [y for _, (_, y) in points], color=f"C{index}", label=model, zorder=3
-            )
+            fixed = [(r, point) for r, point in points if r.policy != BUDGET]
+            ax.scatter([x for _, (x, _) in fixed], [y for _, (_, y) in fixed], color=f"C{index}", label=model, zorder=3)
+            # The budget policy's rows: a curve of memory against recompute, the fixed policies points beside it.
+            curve = sorted((point for r, point in points if r.policy == BUDGET), key=lambda point: point[0])
+            if curve:
+                ax.plot(
+                    [x for x, _ in curve],
+                    [y for _, y in curve],
+                    color=f"C{index}",
+                    marker="D",
+                    markersize=4,
+                    linestyle="--",
+                    label=f"{model} {BUDGET}",
+                    zorder=3,
+                )
             for r, (x, y) in points:
                 names, colors = shared.setdefault((round(x, 3), round(y, 3)), ([], set()))
                 names.append(r.label or "")

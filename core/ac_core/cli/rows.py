@@ -2,7 +2,8 @@
 
 The variants are ac-core's registered policies plus two rows that are not ac-core policies: ``none`` (no
 checkpointing, the reference every other row is compared with) and ``library`` (the model library's own
-checkpointing, as a baseline).
+checkpointing, as a baseline). ``budget`` rows (not in ``all``) plan the memory-budget policy for each budget
+asked for on the row's model and inputs (:mod:`ac_core.budget`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from ..offload import OffloadConfig
 from ..policies import BlockSkip, Full, PolicyConfig, policy_config, registered_policies
 
-NONE, LIBRARY = "none", "library"
+NONE, LIBRARY, BUDGET = "none", "library", "budget"
 
 
 def row_names() -> tuple[str, ...]:
@@ -35,6 +36,7 @@ class Variant:
     policy: PolicyConfig | str
     offload: OffloadConfig | None = None
     save_on_cpu: bool = False
+    budget: float | int | str | None = None  # a BUDGET row's memory budget (fraction of none, bytes or size)
 
     @property
     def name(self) -> str:
@@ -42,6 +44,8 @@ class Variant:
 
     @property
     def label(self) -> str:
+        if self.policy == BUDGET:
+            return f"{BUDGET}({self.budget})"
         base = f"{self.name}(n={self.policy.every})" if isinstance(self.policy, BlockSkip) else self.name
         return base + ("+offload" if self.offload else "") + ("+save_on_cpu" if self.save_on_cpu else "")
 
@@ -51,11 +55,17 @@ def _config(name: str, n_layer: int) -> PolicyConfig:
     return BlockSkip(every=n_layer) if registered_policies()[name] is BlockSkip else policy_config(name)
 
 
-def variants(names: Sequence[str], n_layer: int, offload: OffloadConfig | None = None) -> list[Variant]:
+def variants(
+    names: Sequence[str],
+    n_layer: int,
+    offload: OffloadConfig | None = None,
+    budgets: Sequence[float | int | str] = (),
+) -> list[Variant]:
     """The rows to measure for each model, ``none`` first (the reference every other row is compared with).
 
     With ``offload``, each chosen row but ``library`` gets a ``+offload`` row after it, and ``full``
-    (when chosen) a synchronous ``+save_on_cpu`` row, the baseline offload is measured against.
+    (when chosen) a synchronous ``+save_on_cpu`` row, the baseline offload is measured against. With
+    :data:`BUDGET` in ``names``, one row per budget of ``budgets`` comes last (without offload).
     """
     registered = registered_policies()
     rows: list[Variant] = []
@@ -66,6 +76,8 @@ def variants(names: Sequence[str], n_layer: int, offload: OffloadConfig | None =
             rows.append(Variant(policy, offload=offload))
         if offload is not None and isinstance(policy, Full):
             rows.append(Variant(policy, save_on_cpu=True))
+    if BUDGET in names:
+        rows.extend(Variant(BUDGET, budget=budget) for budget in budgets)
     return rows
 
 
@@ -94,6 +106,10 @@ class Row:
     time_ratio: float | None = None
     grad_max_abs_diff: float | None = None
     grad_ok: bool | None = None
+    # budget rows only: the budget in bytes, and what the plan predicted it holds for backward and recomputes
+    budget_bytes: int | None = None
+    predicted_held_bytes: int | None = None
+    predicted_recompute_flops: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .. import _chain
+from ..budget import CheckpointPlan, ModelProfile, apply_plan, plan_from_profile, profile_model
 from ..checkpointing import apply_activation_checkpointing, checkpointed_blocks, remove_activation_checkpointing
 from ..library_checkpointing import (
     SWITCHES,
@@ -21,9 +22,10 @@ from ..library_checkpointing import (
 from ..measure import StepMeasurement, compare_grads, measure_step, time_steps
 from ..offload import apply_activation_offload
 from ..ops import DEFAULT_RETAINED_OPS
+from ..plan import resolve_blocks
 from ..spec import AdapterSpec, ModelCase, ModelSpec
 from ._common import ac_core_logs_to, build_case, missing_library, stderr, version_status
-from .rows import LIBRARY, NONE, Row, Variant
+from .rows import BUDGET, LIBRARY, NONE, Row, Variant
 
 
 class SkipRow(Exception):
@@ -40,8 +42,38 @@ class SaveOnCpu(_chain.ForwardLayer):
             return call_next(*args, **kwargs)
 
 
-def setup(variant: Variant, model: nn.Module, adapter: AdapterSpec) -> str:
-    """Set ``model`` up for ``variant``; returns what was done, in words. Raises SkipRow if it cannot."""
+class Planner:
+    """Budget plans of one model at its inputs: the model profiled once (on its first plan), planned per budget."""
+
+    def __init__(self, case: ModelCase, adapter: AdapterSpec) -> None:
+        self.case, self.adapter = case, adapter
+        self._profile: ModelProfile | None = None
+
+    def __call__(self, budget: float | int | str) -> CheckpointPlan:
+        if self._profile is None:
+            blocks = resolve_blocks(self.case.model, self.adapter, None)
+            self._profile = profile_model(blocks, dict(self.case.inputs))
+        try:
+            return plan_from_profile(self._profile, budget)
+        except ValueError as exc:  # below the least any plan holds
+            raise SkipRow(str(exc)) from None
+
+
+def _modes(plan: CheckpointPlan) -> str:
+    counts = {mode: sum(b.mode == mode for b in plan.blocks) for mode in ("none", "full", "ops")}
+    return ", ".join(f"{n} {mode}" for mode, n in counts.items() if n)
+
+
+def setup(variant: Variant, model: nn.Module, adapter: AdapterSpec, plan: CheckpointPlan | None = None) -> str:
+    """Set ``model`` up for ``variant``; returns what was done, in words. Raises SkipRow if it cannot.
+
+    A :data:`BUDGET` row applies ``plan`` (made by a :class:`Planner` for the row's budget).
+    """
+    if variant.policy == BUDGET:
+        if plan is None:
+            raise ValueError("a budget row needs its plan")
+        apply_plan(model, plan, adapter=adapter)
+        return f"budget plan: {_modes(plan)} blocks"
     if variant.policy == NONE:
         if variant.offload is None:
             return "no checkpointing"
@@ -156,6 +188,7 @@ def model_rows(
     attention_ops = DEFAULT_RETAINED_OPS | adapter.retained_ops()
     rows: list[Row] = []
     reference = None
+    planner = Planner(case, adapter)
     for variant in variants:
         row = Row(adapter.name, label, variant.name, variant.label, "ok", tokens=tokens)
         rows.append(row)
@@ -167,7 +200,14 @@ def model_rows(
             advance(1)
 
         try:
-            row.detail = setup(variant, case.model, adapter)
+            plan = None
+            if variant.policy == BUDGET:
+                assert variant.budget is not None
+                plan = planner(variant.budget)
+                row.budget_bytes = plan.budget_bytes
+                row.predicted_held_bytes = plan.held_bytes
+                row.predicted_recompute_flops = plan.recompute_flops
+            row.detail = setup(variant, case.model, adapter, plan)
             measured = measure_step(case, attention_ops, keep_grads=True)
             step_done()
             times = time_steps(case, settings.steps, on_step=step_done)
