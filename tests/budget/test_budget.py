@@ -83,11 +83,19 @@ def test_apply_through_the_verb_and_budget_config(toy):
     finally:
         remove_activation_checkpointing(case.model)
     assert set(kinds) == {"layers.0", "layers.1", "layers.2", "layers.3"}
-    # Through the verb alone, whole-block checkpointing stands in for per-occurrence keeps (within budget).
+    # Through the verb alone: the plan's own layers, keeping the planned occurrences (the same bytes).
     apply_activation_checkpointing(case.model, Budget(0.5, example_inputs=case.inputs), blocks=BLOCKS)
     try:
-        assert _held(case) <= none_held // 2
+        held = _held(case)
+        assert held <= none_held // 2
         assert set(checkpointed_blocks(case.model).values()) <= {CheckpointType.FULL, CheckpointType.OPS}
+    finally:
+        remove_activation_checkpointing(case.model)
+    plan = plan_activation_checkpointing(case.model, case.inputs, 0.5, blocks=BLOCKS)
+    assert held == plan.held_bytes
+    apply_activation_checkpointing(case.model, plan, blocks=BLOCKS)
+    try:
+        assert _held(case) == plan.held_bytes
     finally:
         remove_activation_checkpointing(case.model)
 

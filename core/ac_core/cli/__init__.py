@@ -1,5 +1,6 @@
-"""The ``ac-core`` command line: ``inspect`` what an adapter declares, ``bench`` every policy on its models,
-``compare`` what a compiled step saves and recomputes per route.
+"""The ``ac-core`` command line: ``inspect`` what an adapter declares (or draft one for a new model class),
+``bench`` every policy on its models, ``plan`` a memory budget at real size, ``compare`` what a compiled step
+saves and recomputes per route.
 
 Imported only by the ``ac-core`` script (``import ac_core`` does not load it, nor rich or matplotlib).
 """
