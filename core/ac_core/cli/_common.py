@@ -23,6 +23,7 @@ from ..spec import AdapterSpec, ModelCase, ModelSpec
 from ..versions import version_supported
 
 TINY = "tiny"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOY = "toy"
 TOY_REF = "ac_core.testing:TOY_ADAPTER"
 

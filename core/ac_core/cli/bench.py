@@ -16,6 +16,7 @@ from ..offload import OffloadConfig
 from ..policies import BlockSkip, Full
 from ..spec import AdapterSpec, ModelSpec
 from ._common import (
+    DTYPES,
     TINY,
     CLIError,
     environment,
@@ -32,7 +33,6 @@ from ._common import (
 from .plan import budget_value
 from .rows import BUDGET, Row, row_names, variants
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = ("cpu", "cuda")
 DEFAULT_BUDGETS = "0.25,0.5,0.75"
 

@@ -17,6 +17,7 @@ import torch
 from ..budget import CheckpointPlan, parse_budget, plan_activation_checkpointing
 from ..spec import AdapterSpec, ModelCase, ModelSpec
 from ._common import (
+    DTYPES,
     TINY,
     CLIError,
     build_case,
@@ -29,7 +30,6 @@ from ._common import (
     stdout,
 )
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEVICES = ("meta", "cpu")
 
 
