@@ -88,11 +88,17 @@ def test_broken_entry_point_is_skipped_with_a_warning(monkeypatch, caplog):
     )
     monkeypatch.setattr(registry, "entry_points", _entry_points(*eps))
     monkeypatch.setattr(registry, "_registry", {})
+    monkeypatch.setattr(registry, "_failed", {})
     monkeypatch.setattr(registry, "_entry_points_loaded", False)
     with caplog.at_level(logging.WARNING, logger="ac_core"):
         assert list(registry.registered_adapters()) == ["toy"]
     assert "'broken'" in caplog.text and "failed to load" in caplog.text
     assert "'wrong'" in caplog.text and "not an AdapterSpec" in caplog.text
+    # Asked for by name later, the adapter's own load error is said again, not "no adapter named".
+    with pytest.raises(AdapterError, match=r"adapter 'broken' is installed but its entry point .* ModuleNotFoundError"):
+        registry.get_adapter("broken")
+    with pytest.raises(AdapterError, match=r"adapter 'wrong' is installed but .* gave a ModelCase, not an AdapterSpec"):
+        registry.get_adapter("wrong")
 
 
 def test_spec_matching_by_short_import_path():
