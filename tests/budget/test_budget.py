@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ac_core import apply_activation_checkpointing, checkpointed_blocks, remove_activation_checkpointing
-from ac_core.budget import Budget, CheckpointPlan, apply_plan, parse_budget, plan_activation_checkpointing
+from ac_core.budget import Budget, CheckpointPlan, parse_budget, plan_activation_checkpointing
 from ac_core.measure import held_for_backward, measure_step
 from ac_core.policy import CheckpointType
 from ac_core.testing import ToyTransformer, toy_case
@@ -48,7 +48,7 @@ def test_budget_holds_gradients_equal_and_beats_fixed_policies(toy, fraction):
     case, reference, none_held = toy
     plan = plan_activation_checkpointing(case.model, case.inputs, fraction, blocks=BLOCKS)
     assert plan.none_bytes == none_held
-    apply_plan(case.model, plan, blocks=BLOCKS)
+    apply_activation_checkpointing(case.model, plan, blocks=BLOCKS)
     try:
         held = _held(case)
         step = measure_step(case)
@@ -76,7 +76,7 @@ def test_budget_at_a_fixed_policys_own_bytes_does_no_worse(toy):
 
 def test_apply_through_the_verb_and_budget_config(toy):
     case, _, none_held = toy
-    apply_plan(case.model, Budget(0.5, example_inputs=case.inputs), blocks=BLOCKS)
+    apply_activation_checkpointing(case.model, Budget(0.5, example_inputs=case.inputs), blocks=BLOCKS)
     try:
         kinds = checkpointed_blocks(case.model)
         assert _held(case) <= none_held // 2
@@ -114,7 +114,7 @@ def test_json_round_trip_and_table(toy):
 def test_refused_on_another_shape_class_and_layout(toy):
     case, _, _ = toy
     plan = plan_activation_checkpointing(case.model, case.inputs, 0.3, blocks=BLOCKS)
-    apply_plan(case.model, plan, blocks=BLOCKS)
+    apply_activation_checkpointing(case.model, plan, blocks=BLOCKS)
     try:
         with pytest.raises(ValueError, match=r"other input shapes.*layers\.0.*\[2, 32, 64\].*\[2, 16, 64\]"):
             case.model(x=torch.randn(2, 16, 64))
@@ -174,7 +174,7 @@ def test_tiny_wan_budget_holds_and_gradients_equal():
     assert plan.none_bytes == none_held
     assert plan_activation_checkpointing(case.model, case.inputs, 0.25) == plan
     assert CheckpointPlan.from_json(plan.to_json()) == plan
-    apply_plan(case.model, plan)
+    apply_activation_checkpointing(case.model, plan)
     try:
         held = _held(case)
         step = measure_step(case)
@@ -193,7 +193,7 @@ def test_blocks_called_several_times_per_forward_count_every_call():
 
     case = tiny_animate()
     plan = plan_activation_checkpointing(case.model, case.inputs, 0.5)
-    apply_plan(case.model, plan)
+    apply_activation_checkpointing(case.model, plan)
     try:
         held = _held(case)
     finally:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ac_core import remove_activation_checkpointing
-from ac_core.budget import CheckpointPlan, apply_plan, plan_from_profile, profile_model
+from ac_core import apply_activation_checkpointing, remove_activation_checkpointing
+from ac_core.budget import CheckpointPlan, plan_from_profile, profile_model
 from ac_core.measure import held_for_backward
 
 from ..subjects import Subject
@@ -49,7 +49,7 @@ def check_budget(
     what = f"{subject.id} on {device}, budget {budget:,} B ({fraction:.0%} of none's {profile.none_bytes:,} B)"
     again = CheckpointPlan.from_json(plan.to_json())
     assert again == plan, f"{what}: the plan read back from its JSON differs:\n{again}\nvs\n{plan}"
-    apply_plan(case.model, plan, adapter=adapter)
+    apply_activation_checkpointing(case.model, plan, adapter=adapter)
     try:
         _, held = held_for_backward(lambda: case.model(**case.inputs))
         assert held <= (1 + SLACK) * budget, (

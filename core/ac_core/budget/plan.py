@@ -20,8 +20,6 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from .. import _checkpoint
-from ..checkpointing import apply_activation_checkpointing
 from ..plan import BlockPlan, resolve_blocks
 from ..policies import BlockSelection, PolicyConfig, register_policy
 from ..policy import CheckpointType
@@ -332,8 +330,7 @@ def _plan_selections(config: CheckpointPlan, block_plan: BlockPlan) -> list[Bloc
     for planned in config.blocks:
         if planned.mode == NONE:
             continue
-        # The layer keeps the planned occurrences. A verb that does not install a selection's own layer
-        # checkpoints the block whole (FULL: within budget, more recompute); apply_plan then puts the layers in.
+        # The layer keeps the planned occurrences; the verb installs it in place of a CheckpointLayer.
         factory = functools.partial(_make_layer, planned.keep, planned.inputs)
         selections.append(BlockSelection(by_path[planned.path], CheckpointType.FULL, layer=factory))
     return selections
@@ -344,24 +341,3 @@ def _budget_selections(config: Budget, block_plan: BlockPlan) -> list[BlockSelec
     plan = _plan(block_plan, config.example_inputs, config.memory_budget)
     logger.info("ac-core: budget plan\n%s", plan)
     return _plan_selections(plan, block_plan)
-
-
-def apply_plan(
-    model: nn.Module,
-    plan: CheckpointPlan | Budget,
-    *,
-    adapter: AdapterSpec | str | None = None,
-    blocks: Sequence[str] | None = None,
-) -> nn.Module:
-    """Apply a plan (or plan a :class:`Budget` and apply it) exactly, op occurrences included; returns ``model``."""
-    block_plan = resolve_blocks(model, adapter, blocks)
-    if isinstance(plan, Budget):
-        plan = _plan(block_plan, plan.example_inputs, plan.memory_budget)
-    apply_activation_checkpointing(model, plan, adapter=adapter, blocks=blocks)
-    by_path = {b.path: b for b in block_plan}
-    for planned in plan.blocks:
-        block = by_path[planned.path]
-        if planned.mode != NONE and not isinstance(_checkpoint.layer_of(block.module), PlannedLayer):
-            layer = PlannedLayer(planned.keep, planned.inputs, planned.path, block.expects_attention, root=model)
-            _checkpoint.install(block.module, layer)
-    return model

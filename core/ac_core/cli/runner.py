@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .. import _chain
-from ..budget import CheckpointPlan, ModelProfile, apply_plan, plan_from_profile, profile_model
+from ..budget import CheckpointPlan, ModelProfile, plan_from_profile, profile_model
 from ..checkpointing import apply_activation_checkpointing, checkpointed_blocks, remove_activation_checkpointing
 from ..library_checkpointing import (
     SWITCHES,
@@ -72,7 +72,7 @@ def setup(variant: Variant, model: nn.Module, adapter: AdapterSpec, plan: Checkp
     if variant.policy == BUDGET:
         if plan is None:
             raise ValueError("a budget row needs its plan")
-        apply_plan(model, plan, adapter=adapter)
+        apply_activation_checkpointing(model, plan, adapter=adapter)
         return f"budget plan: {_modes(plan)} blocks"
     if variant.policy == NONE:
         if variant.offload is None:
