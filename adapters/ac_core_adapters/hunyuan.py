@@ -62,6 +62,7 @@ SPEC = AdapterSpec(
             attention_calls={"HunyuanVideo15TransformerBlock": 1},
             versions=VERSIONS,
             tiny="ac_core_adapters.models.hunyuan:tiny_hunyuan_video_15",
+            meta_unsupported="diffusers 0.42's forward branches on torch.all(image_embeds == 0)",
         ),
         ModelSpec(
             cls="diffusers.HunyuanVideoFramepackTransformer3DModel",
@@ -70,6 +71,7 @@ SPEC = AdapterSpec(
             attention_calls={"HunyuanVideoTransformerBlock": 1, "HunyuanVideoSingleTransformerBlock": 1},
             versions=VERSIONS,
             tiny="ac_core_adapters.models.hunyuan:tiny_framepack",
+            meta_unsupported="diffusers 0.42's forward slices the text by a length read from the attention mask",
         ),
     ),
     # HunyuanVideo and 1.5 always pass a text padding mask (FramePack does for batches above 1).

@@ -66,6 +66,7 @@ _EXPORTS = {
     "check_attention_recomputed": "checks",
     "check_attention_retained": "checks",
     "check_budget": "checks",
+    "check_meta_planning": "checks",
     "check_compile": "checks",
     "check_coverage": "checks",
     "check_fsdp": "checks",

@@ -33,6 +33,7 @@ from .checks import (
     check_library_checkpointing,
     check_library_checkpointing_after,
     check_memory,
+    check_meta_planning,
     check_names,
     check_not_retainable_backend,
     check_pickle_round_trip,
@@ -185,6 +186,10 @@ class MemoryTests(AdapterTests):
             f"ac-core budget plan, {subject.id}: budget {report.budget_bytes:,} B, predicted "
             f"{report.predicted_bytes:,} B, measured {report.measured_bytes:,} B (none {report.none_bytes:,} B)"
         )
+
+    def test_budget_on_meta(self, subject: Subject) -> None:
+        """Planning on meta tensors gives the plan real tensors give (or the model declares meta_unsupported)."""
+        check_meta_planning(subject)
 
 
 class NameTests(AdapterTests):

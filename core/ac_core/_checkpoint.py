@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from . import _chain, library_checkpointing
 from .offload import _regions as offload_regions
-from .ops import BlockRetention, selective_context, warn_nothing_retained
+from .ops import BlockRetention, draws_random, selective_context, warn_nothing_retained
 from .policy import CheckpointType
 
 KIND = "checkpoint"
@@ -39,19 +39,6 @@ def _has_active_randomness(block: nn.Module) -> bool:
     return False
 
 
-def _draws_random(func: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
-    """Whether this op call consumes the generator: tagged ``nondeterministic_seeded`` (dropout, rand,
-    bernoulli, the SDPA kernels) and, where it takes a dropout probability, called with one above 0."""
-    if torch.Tag.nondeterministic_seeded not in func.tags:
-        return False
-    # Every SDPA kernel carries the tag for its dropout_p, which training almost always passes as 0.
-    for index, argument in enumerate(func._schema.arguments):
-        if argument.name in ("dropout_p", "p"):
-            value = kwargs.get(argument.name, args[index] if index < len(args) else argument.default_value)
-            return not isinstance(value, (int, float)) or value != 0
-    return True
-
-
 class _RandomOps(TorchDispatchMode):
     """Notes whether any op that draws from the random generator runs."""
 
@@ -61,7 +48,7 @@ class _RandomOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if not self.seen and _draws_random(func, args, kwargs):
+        if not self.seen and draws_random(func, args, kwargs):
             self.seen = True
         return func(*args, **kwargs)
 

@@ -70,6 +70,22 @@ def is_attention_like(op_name: str) -> bool:
     return "attention" in lowered or "attn" in lowered or "softmax" in lowered
 
 
+def draws_random(func: Any, args: tuple | list, kwargs: dict[str, Any]) -> bool:
+    """Whether an op call consumes the random generator: tagged ``nondeterministic_seeded`` (dropout, rand,
+    bernoulli, the SDPA kernels) and, where it takes a dropout probability, called with one above 0.
+
+    ``args`` may be graph nodes: only a literal probability of 0 counts as no draw.
+    """
+    if torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
+        return False
+    # Every SDPA kernel carries the tag for its dropout_p, which training almost always passes as 0.
+    for index, argument in enumerate(func._schema.arguments):
+        if argument.name in ("dropout_p", "p"):
+            value = kwargs.get(argument.name, args[index] if index < len(args) else argument.default_value)
+            return not isinstance(value, (int, float)) or value != 0
+    return True
+
+
 @dataclass(frozen=True)
 class RetainedOutput:
     """One op output an ``ops`` policy kept for backward: in which block, which op, where and how big.

@@ -174,6 +174,8 @@ class ModelSpec:
     needs them (so a spec reads as data and imports no factory code).
     ``compile_unsupported`` says why torch.compile cannot train this model even without ac-core (an
     upstream failure); the conformance suite checks that claim on the plain model instead of compiling ours.
+    ``meta_unsupported`` says why the model cannot run on ``meta`` tensors (its forward reads a tensor's value),
+    so memory-budget plans are made on real tensors only; the conformance suite checks that claim too.
     ``presets`` map a preset name (e.g. ``"wan2.1-1.3b"``) to a factory taking keyword options
     (``layers``, ``seq``) that builds a few blocks at the real model's width.
     """
@@ -186,6 +188,7 @@ class ModelSpec:
     tiny: Factory | None = None
     presets: Mapping[str, Factory] = field(default_factory=dict)
     compile_unsupported: str | None = None
+    meta_unsupported: str | None = None
 
     def __post_init__(self) -> None:
         _tupled(self, "containers", self.containers)

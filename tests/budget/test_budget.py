@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ac_core import apply_activation_checkpointing, checkpointed_blocks, remove_activation_checkpointing
 from ac_core.budget import Budget, CheckpointPlan, parse_budget, plan_activation_checkpointing
@@ -163,6 +164,20 @@ def test_meta_planning_matches_real_and_is_reproducible(toy):
     assert meta == real and meta.to_json() == real.to_json()
 
 
+def test_fake_tensor_planning_matches_real(toy):
+    # Planning a model built under torch's FakeTensorMode, as a framework tracing it does: the same plan.
+    case, _, _ = toy
+    with FakeTensorMode():
+        model = ToyTransformer()
+        fakes = [
+            plan_activation_checkpointing(model, {"x": torch.empty(2, 32, 64)}, budget, blocks=BLOCKS)
+            for budget in (0.25, 0.4, 0.75)
+        ]
+    for budget, fake in zip((0.25, 0.4, 0.75), fakes, strict=True):
+        real = plan_activation_checkpointing(case.model, case.inputs, budget, blocks=BLOCKS)
+        assert fake == real and fake.to_json() == real.to_json()
+
+
 def test_tiny_wan_budget_holds_and_gradients_equal():
     pytest.importorskip("diffusers")
     from ac_core_adapters.models.wan import tiny_wan
@@ -199,3 +214,27 @@ def test_blocks_called_several_times_per_forward_count_every_call():
     finally:
         remove_activation_checkpointing(case.model)
     assert held == plan.held_bytes <= plan.budget_bytes
+
+
+class _ReadsAValue(torch.nn.Module):
+    """A model whose forward branches on a tensor's value, as HunyuanVideo 1.5's does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.all(x == 0):
+            return x
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_forward_reading_values_cannot_be_planned_from_shapes_and_says_so():
+    with torch.device("meta"):
+        model, x = _ReadsAValue(), torch.randn(2, 8)
+    with pytest.raises(ValueError, match=r"_ReadsAValue's forward reads a tensor's value .* plan it on real tensors"):
+        plan_activation_checkpointing(model, x, 0.5, blocks=BLOCKS)
+    plan = plan_activation_checkpointing(_ReadsAValue(), torch.randn(2, 8, requires_grad=True), 1.0, blocks=BLOCKS)
+    assert [b.mode for b in plan.blocks] == ["none", "none"]  # real tensors plan

@@ -19,7 +19,14 @@ from tests.cli.fakes import GHOST, LIBRARY_TOY
 POLICIES = row_names()  # none, the registered policies, library
 ENVIRONMENT_FIELDS = {"torch", "diffusers", "transformers", "device", "dtype", "preset", "seq", "layers", "steps"}
 TOY_DEPTH = 4
-BUDGET_FIELDS = ("budget_bytes", "predicted_held_bytes", "predicted_recompute_flops")
+BUDGET_FIELDS = (
+    "budget_bytes",
+    "predicted_held_bytes",
+    "predicted_recompute_flops",
+    "best_fixed_label",
+    "best_fixed_held_bytes",
+    "best_fixed_recompute_overhead",
+)
 
 
 def _bench(tmp_path: Path, *flags: str) -> tuple[int, dict]:
@@ -49,8 +56,8 @@ def test_toy_rows_json_table_and_plot(tmp_path, capsys):
     for policy in measured:
         row = rows[policy]
         assert row["status"] == "ok", row
-        assert all(row[f] is not None for f in ROW_FIELDS if f != "reason" and f not in BUDGET_FIELDS), row
-        assert all(row[f] is None for f in BUDGET_FIELDS), row
+        assert all(row[f] is not None for f in ROW_FIELDS if f not in ("reason", "containers", *BUDGET_FIELDS)), row
+        assert all(row[f] is None for f in ("containers", *BUDGET_FIELDS)), row
         assert len(row["step_times_s"]) == 2 and row["grad_ok"] is True and row["grad_max_abs_diff"] == 0
     assert rows["none"]["recompute_overhead"] == 0 and rows["none"]["time_ratio"] == 1
     assert {p: rows[p]["attention_recomputed"] for p in measured} == {

@@ -61,3 +61,18 @@ def test_bad_budgets_and_flags(tmp_path, capsys):
     assert "tiny preset has a fixed config" in capsys.readouterr().err
     assert main(["plan", "toy", "--budget", "0.5", "--json", str(tmp_path / "no" / "p.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_offload_flag_moves_block_inputs_to_the_host(tmp_path, capsys):
+    # At 64k tokens a toy-wide block's input is 256 MiB: eight of them outweigh offload's default window (1 GiB
+    # of copies in flight, 512 MiB prefetched), so offload brings the least possible under what 2 GiB allows.
+    out = tmp_path / "plan.json"
+    args = ["plan", "toy", "--preset", "toy-wide", "--layers", "8", "--seq", "65536", "--budget", "2GiB"]
+    assert main(args) == 2
+    assert "least any plan holds" in capsys.readouterr().err
+    assert main([*args, "--offload", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    plan = CheckpointPlan.from_json(out.read_text())
+    assert plan.offload is not None and all(b.offload for b in plan.blocks)
+    assert plan.device_bytes <= plan.budget_bytes == 2 * 2**30
+    assert "host 256.00 MiB" in printed and "counted in the budget" in printed

@@ -87,3 +87,21 @@ def test_command_skips_a_model_declared_not_compilable(capsys):
 def test_command_names_the_valid_adapters(capsys):
     assert main(["compare", "--adapter", "nope"]) == 2
     assert "ac-core compare: error: unknown adapter 'nope'; valid values: all, " in capsys.readouterr().err
+
+
+def test_command_line_compares_budgets_and_names_one_below_the_least(capsys):
+    toy = ["--depth", "2", "--dim", "32", "--heads", "2", "--batch", "1", "--tokens", "16"]
+    assert main(["compare", "--budget", "0.3,0.01", *toy]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[1].split() == ["budget", "route", "saved", "MiB", "recompute", "GFLOP", "ac-core", "/", "torch"]
+    assert lines[2].startswith("0.3 (") and "ac-core plan, predicted" in lines[2]
+    assert "ac-core plan, compiled" in lines[3] and "torch memory budget" in lines[4]
+    ratio = float(lines[3].split()[-1])
+    assert 0 < ratio < 10
+    assert "budget 0.01: memory_budget=0.01" in out and "is below the least any plan holds" in out
+
+
+def test_command_sizes_only_presets(capsys):
+    assert main(["compare", "--adapter", "wan", "--layers", "2"]) == 2
+    assert "--layers and --seq size a real-width preset" in capsys.readouterr().err

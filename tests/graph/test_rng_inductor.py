@@ -32,7 +32,7 @@ class _PartitionThenStop(CustomPartitionerFn):
 @pytest.mark.parametrize("rule", [True, False], ids=["saved", "recomputed"])
 def test_dropout_needs_no_rng_replay(monkeypatch, rule):
     if not rule:  # the seed's behaviour: a random op is as recomputable as any other
-        monkeypatch.setattr(ac_core.graph.sac, "save_rng", lambda graph: 0)
+        monkeypatch.setattr(ac_core.graph.sac, "save_rng", lambda graph, **_: 0)
     case = toy_case(depth=1, dim=32, tokens=16, dropout=0.1)
     partitioner = _PartitionThenStop()
     options = sac_inductor_options(options={"custom_partitioner_fn": partitioner})

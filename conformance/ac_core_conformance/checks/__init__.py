@@ -16,7 +16,7 @@ from .attention import (
     offload_context,
     preferred_retainable_backend,
 )
-from .budget import BudgetReport, check_budget
+from .budget import BudgetReport, check_budget, check_meta_planning
 from .compile import COMPILE_BACKEND_ENV, DEFAULT_COMPILE_BACKEND, check_compile, compile_backend
 from .coverage import CoverageReport, check_coverage
 from .fsdp import check_fsdp
@@ -56,6 +56,7 @@ __all__ = [
     "check_library_checkpointing",
     "check_library_checkpointing_after",
     "check_memory",
+    "check_meta_planning",
     "check_names",
     "check_not_retainable_backend",
     "check_pickle_round_trip",

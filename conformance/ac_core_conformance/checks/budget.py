@@ -1,17 +1,21 @@
-"""The memory-budget check: a plan's measured bytes stay within its budget, it trains like the plain model, and
-its JSON round trip gives the same plan."""
+"""The memory-budget checks: a plan's measured bytes stay within its budget, it trains like the plain model, its
+JSON round trip gives the same plan, it refuses inputs of other shapes, and planning on ``meta`` tensors gives the
+plan real tensors give."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
 
-from ac_core import apply_activation_checkpointing, remove_activation_checkpointing
-from ac_core.budget import CheckpointPlan, plan_from_profile, profile_model
+import pytest
+import torch
+
+from ac_core import AdapterSpec, ModelCase, apply_activation_checkpointing, remove_activation_checkpointing
+from ac_core.budget import CheckpointPlan, plan_activation_checkpointing, plan_from_profile, profile_model
 from ac_core.measure import held_for_backward
 
 from ..subjects import Subject
-from ..training import EAGER_TOLERANCE, Tolerance, assert_same_step, build, plain_step
+from ..training import EAGER_TOLERANCE, SEED, Tolerance, assert_same_step, build, plain_step
 from ..training import step as train_step
 
 SLACK = 0.05
@@ -60,7 +64,53 @@ def check_budget(
     finally:
         remove_activation_checkpointing(case.model)
     assert_same_step(got, expected, tolerance, f"{what}: the planned model vs plain")
+    _check_other_shapes_refused(case, plan, adapter, what)
     return BudgetReport(plan, profile.none_bytes, budget, plan.held_bytes, held)
 
 
-__all__ = ["SLACK", "BudgetReport", "check_budget"]
+def _check_other_shapes_refused(case: ModelCase, plan: CheckpointPlan, adapter: AdapterSpec, what: str) -> None:
+    """A plan whose first checkpointed block was planned at other shapes refuses the forward, naming the block."""
+    checkpointed = [i for i, b in enumerate(plan.blocks) if b.mode != "none"]
+    if not checkpointed:
+        return  # nothing checkpointed at this budget: no block checks its inputs
+    index = checkpointed[0]
+    block = plan.blocks[index]
+    (name, shape, dtype), *rest = block.inputs
+    other = replace(block, inputs=((name, (*shape[:-1], shape[-1] + 1), dtype), *rest))
+    altered = replace(plan, blocks=(*plan.blocks[:index], other, *plan.blocks[index + 1 :]))
+    apply_activation_checkpointing(case.model, altered, adapter=adapter)
+    try:
+        with pytest.raises(ValueError, match="other input shapes") as refused:
+            case.model(**case.inputs)
+    finally:
+        remove_activation_checkpointing(case.model)
+    assert block.path in str(refused.value), f"{what}: the refusal does not name block {block.path!r}"
+
+
+def check_meta_planning(subject: Subject, fraction: float = 0.5) -> CheckpointPlan:
+    """The plan made with the tiny model and its inputs built on the ``meta`` device equals the plan made on
+    real CPU tensors. A model declaring ``meta_unsupported`` is held to that claim: its meta forward must fail."""
+    adapter = replace(subject.adapter, models=(subject.model,))
+    real = build(subject, "cpu")
+    torch.manual_seed(SEED)
+    with torch.device("meta"):
+        meta = subject.model.build_tiny()
+    meta.model.train()
+    reason = subject.model.meta_unsupported
+    if reason:
+        try:
+            plan_activation_checkpointing(meta.model, dict(meta.inputs), fraction, adapter=adapter)
+        except ValueError:
+            pytest.skip(f"{subject.id}: cannot be planned on meta tensors (declared: {reason})")
+        raise AssertionError(
+            f"{subject.id} declares meta_unsupported ({reason}), but it plans on meta tensors: drop the declaration"
+        )
+    expected = plan_activation_checkpointing(real.model, dict(real.inputs), fraction, adapter=adapter)
+    got = plan_activation_checkpointing(meta.model, dict(meta.inputs), fraction, adapter=adapter)
+    assert got == expected, (
+        f"{subject.id}: the plan made on meta tensors differs from the real one:\n{got}\nvs\n{expected}"
+    )
+    return got
+
+
+__all__ = ["SLACK", "BudgetReport", "check_budget", "check_meta_planning"]

@@ -1,4 +1,4 @@
-"""The memory-budget policy: the least recompute that fits the memory you have (issue 12, first piece).
+"""The memory-budget policy: the least recompute that fits the memory you have (issue 12), offload included.
 
 Importing this package registers the ``plan`` and ``budget`` policy configs.
 """

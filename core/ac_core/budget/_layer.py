@@ -1,8 +1,12 @@
-"""Checkpointing one block as a plan says: keep given op occurrences (op name + index in the block's forward).
+"""Applying a plan: each block checkpointed as it says, keeping given op occurrences, and its offload.
 
 ``ops`` keeps every call of an op name; a plan keeps, say, the first and third ``aten::addmm`` only. The
 selective-checkpoint policy below counts calls per op name during the block's forward (torch 2.13 calls the
 policy in forward only; the recompute replays the decisions it cached) and keeps the listed occurrences.
+
+A plan with offload puts ac-core's offload on the model with everything kept on the device, and each block
+whose inputs go to the host lifts that around its checkpoint call (see :mod:`.offload`). Offload moves tensors
+on CUDA: a block to offload whose inputs are elsewhere, with no transport for them (a test's CPU double), raises.
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext, create_selective_checkpoint_contexts
 
 from .._checkpoint import CheckpointLayer, _checkpoint
+from ..measure.memory import plain_tensors
+from ..offload import OffloadConfig, _regions
+from ..offload._transport import can_offload, transport_for
+from ..offload.model import PreparedOffload
 from ..policy import CheckpointType
 from .profile import Signature, describe_signature, signature
 
@@ -45,7 +53,10 @@ def occurrence_context(keep: frozenset[tuple[str, int]]) -> Any:
 
 
 class PlannedLayer(CheckpointLayer):
-    """A block checkpointed by a plan: FULL, or OPS keeping ``keep``; refuses inputs of other shapes than planned."""
+    """A block checkpointed by a plan: FULL, or OPS keeping ``keep``; refuses inputs of other shapes than planned.
+
+    With ``offload``, the inputs its checkpoint saves go to the host (the plan's offload runs on the model).
+    """
 
     def __init__(
         self,
@@ -55,11 +66,13 @@ class PlannedLayer(CheckpointLayer):
         expects_attention: bool = True,
         *,
         root: nn.Module | None = None,
+        offload: bool = False,
     ) -> None:
         kind = CheckpointType.OPS if keep else CheckpointType.FULL
         super().__init__(kind, frozenset(op for op, _ in keep), path, expects_attention, root=root)
         self.keep = frozenset(keep)
         self.planned = planned
+        self.offload = offload
 
     def forward(self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         if torch.is_grad_enabled() and not torch.compiler.is_compiling():
@@ -70,12 +83,56 @@ class PlannedLayer(CheckpointLayer):
                     f"({describe_signature(self.planned)}) and got ({describe_signature(got)}); plan again with "
                     "ac_core.plan_activation_checkpointing at these inputs"
                 )
+            if self.offload:
+                self._check_offload(args, kwargs)
         return super().forward(module, call_next, args, kwargs)
+
+    def _check_offload(self, args: tuple, kwargs: dict[str, Any]) -> None:
+        """Raise, naming the fix, where this block's inputs would not go to the host as planned."""
+        if not _regions.session_active():
+            why = (
+                "the plan's offload is not on the model (remove_activation_offload took it off)"
+                if can_offload()
+                else "it needs a CUDA device, and none is available"
+            )
+            raise RuntimeError(
+                f"this checkpoint plan moves the inputs of block {self.path!r} to host memory, and no activation "
+                f"offload runs: {why}. Apply the plan on a CUDA machine, or plan without offload (offload=None)"
+            )
+        tensor = next(plain_tensors((args, kwargs)), None)
+        if tensor is not None and transport_for(tensor) is None:
+            raise RuntimeError(
+                f"this checkpoint plan moves the inputs of block {self.path!r} to host memory, which offload does "
+                f"for tensors on CUDA; they are on {tensor.device}. Move the model and its inputs to CUDA "
+                "(model.cuda()), or plan without offload (offload=None)"
+            )
 
     def _run(
         self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any], preserve_rng: bool
     ) -> Any:
-        if not self.keep:
-            return _checkpoint(call_next, args, kwargs, preserve_rng_state=preserve_rng)
-        context_fn = functools.partial(occurrence_context, self.keep)
-        return _checkpoint(call_next, args, kwargs, preserve_rng_state=preserve_rng, context_fn=context_fn)
+        options: dict[str, Any] = {"preserve_rng_state": preserve_rng}
+        if self.keep:
+            options["context_fn"] = functools.partial(occurrence_context, self.keep)
+        if not self.offload:
+            return _checkpoint(call_next, args, kwargs, **options)
+        with _regions.lift_no_offload():  # the plan keeps the rest of the model on the device
+            return _checkpoint(call_next, args, kwargs, **options)
+
+
+def _every_forward(model: nn.Module, inputs: Any) -> int:
+    # A plan is for its inputs' shapes: every training forward at them offloads (min_tokens is 1).
+    return 1
+
+
+class PlanOffload:
+    """A plan's offload, put on the model by the first block layer that offloads: every saved tensor of the
+    model kept on the device but the inputs of the blocks the plan lifts that for."""
+
+    def __init__(self, model: nn.Module, config: OffloadConfig) -> None:
+        self.prepared = PreparedOffload(model, config, _every_forward, "a checkpoint plan", keep=(model,))
+        self.installed = False
+
+    def install(self) -> None:
+        if not self.installed:
+            self.prepared.install()
+            self.installed = True

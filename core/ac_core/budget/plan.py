@@ -3,7 +3,8 @@
 ``plan_activation_checkpointing(model, example_inputs, memory_budget)`` profiles the model (see
 :mod:`.profile`), solves the global knapsack (see :mod:`.solve`) and returns a :class:`CheckpointPlan`: one more
 policy config, applied with ``apply_activation_checkpointing(model, plan)``. ``Budget(memory_budget,
-example_inputs=...)`` plans and applies in one call.
+example_inputs=...)`` plans and applies in one call. With ``offload=`` the plan also says which checkpointed
+blocks' inputs go to host memory (see :mod:`.offload`).
 """
 
 from __future__ import annotations
@@ -20,17 +21,19 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from ..offload import OffloadConfig
 from ..plan import BlockPlan, resolve_blocks
 from ..policies import BlockSelection, PolicyConfig, register_policy
 from ..policy import CheckpointType
 from ..spec import AdapterSpec
-from ._layer import PlannedLayer
+from ._layer import PlannedLayer, PlanOffload
+from .offload import Moved, OffloadModel, offload_request, recorded
 from .profile import ModelProfile, Signature, describe_signature, profile_model
 from .solve import FULL, NONE, OPS, Choice, solve
 
 logger = logging.getLogger("ac_core")
 
-_FORMAT = 1
+_FORMAT = 2  # 2: offload; format-1 files still load
 _UNITS = {
     "": 1, "b": 1,
     "k": 10**3, "kb": 10**3, "kib": 2**10,
@@ -38,6 +41,8 @@ _UNITS = {
     "g": 10**9, "gb": 10**9, "gib": 2**30,
     "t": 10**12, "tb": 10**12, "tib": 2**40,
 }  # fmt: skip
+# What a plan records of its offload settings (OffloadConfig fields); the rest are fixed (see .offload.recorded).
+_OFFLOAD_SETTINGS = ("min_bytes", "max_host_fraction", "max_inflight_bytes", "prefetch_bytes")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -82,7 +87,9 @@ def _human(nbytes: float) -> str:
 @dataclass(frozen=True)
 class PlannedBlock:
     """One block of a plan: ``mode`` ``"none"``, ``"full"`` or ``"ops"`` (keeping ``keep``: (op name, occurrence)),
-    the input signature it was planned at, and the predicted bytes it holds and FLOPs it recomputes."""
+    the input signature it was planned at, and the predicted bytes it holds and FLOPs it recomputes; ``offload``:
+    whether the inputs its checkpoint saves go to the host, ``host_bytes`` of them (a tensor several blocks save
+    counted at the first)."""
 
     path: str
     class_name: str
@@ -91,6 +98,8 @@ class PlannedBlock:
     inputs: Signature
     held_bytes: int
     recompute_flops: int
+    offload: bool = False
+    host_bytes: int = 0
 
 
 def _plain(value: Any) -> Any:
@@ -104,6 +113,10 @@ class CheckpointPlan(PolicyConfig):
 
     Applying it to a model of another class or block layout is refused, naming the difference; a checkpointed
     block called with other input shapes than planned raises, naming the block and both shapes.
+
+    ``base_bytes``: what any plan that checkpoints a block holds besides its blocks' parts, before offload.
+    ``offload``: the settings offload was planned with (None: not allowed); then ``freed_bytes`` leave the
+    device and up to ``window_bytes`` of them are back on it at times (copies in flight, prefetched).
     """
 
     model_class: str = ""
@@ -112,6 +125,10 @@ class CheckpointPlan(PolicyConfig):
     budget_bytes: int = 0
     none_bytes: int = 0
     min_bytes: int = 0
+    base_bytes: int = 0
+    offload: OffloadConfig | None = None
+    freed_bytes: int = 0
+    window_bytes: int = 0
     name: ClassVar[str] = "plan"
     # Not a fixed policy: it cannot be built from its name alone, so bench rows and the conformance suite skip it.
     by_name: ClassVar[bool] = False
@@ -125,13 +142,26 @@ class CheckpointPlan(PolicyConfig):
         for block in self.blocks:
             if block.mode not in (NONE, FULL, OPS) or (block.mode == OPS) != bool(block.keep):
                 raise ValueError(f"block {block.path!r}: mode {block.mode!r} with keep={block.keep!r} is not a plan")
+            if block.offload and (block.mode == NONE or self.offload is None):
+                raise ValueError(f"block {block.path!r}: offload needs a checkpointed block and a plan's offload")
 
     @property
     def held_bytes(self) -> int:
-        """Predicted bytes held for backward under the plan (outside the blocks plus each block's part)."""
+        """Predicted device bytes held for backward under the plan once offload's copies are done (outside the
+        blocks plus each block's part, less what offload moved)."""
         if all(b.mode == NONE for b in self.blocks):
             return self.none_bytes
-        return self.min_bytes + sum(b.held_bytes for b in self.blocks)
+        return self.base_bytes - self.freed_bytes + sum(b.held_bytes for b in self.blocks)
+
+    @property
+    def device_bytes(self) -> int:
+        """The most the device holds for backward: ``held_bytes`` and offload's window; within the budget."""
+        return self.held_bytes + self.window_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes offload moves to host memory per forward."""
+        return sum(b.host_bytes for b in self.blocks)
 
     @property
     def recompute_flops(self) -> int:
@@ -144,6 +174,7 @@ class CheckpointPlan(PolicyConfig):
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def to_json(self) -> str:
+        offload = self.offload
         return json.dumps(
             {
                 "format": _FORMAT,
@@ -153,6 +184,10 @@ class CheckpointPlan(PolicyConfig):
                 "budget_bytes": self.budget_bytes,
                 "none_bytes": self.none_bytes,
                 "min_bytes": self.min_bytes,
+                "base_bytes": self.base_bytes,
+                "offload": None if offload is None else {name: getattr(offload, name) for name in _OFFLOAD_SETTINGS},
+                "freed_bytes": self.freed_bytes,
+                "window_bytes": self.window_bytes,
                 "blocks": [
                     {
                         "path": b.path,
@@ -162,6 +197,8 @@ class CheckpointPlan(PolicyConfig):
                         "inputs": b.inputs,
                         "held_bytes": b.held_bytes,
                         "recompute_flops": b.recompute_flops,
+                        "offload": b.offload,
+                        "host_bytes": b.host_bytes,
                     }
                     for b in self.blocks
                 ],
@@ -171,9 +208,11 @@ class CheckpointPlan(PolicyConfig):
 
     @classmethod
     def from_json(cls, text: str) -> CheckpointPlan:
+        """A plan written by :meth:`to_json`, of this format or format 1 (before offload)."""
         data = json.loads(text)
-        if data.get("format") != _FORMAT:
-            raise ValueError(f"not a checkpoint plan of format {_FORMAT}: format {data.get('format')!r}")
+        if data.get("format") not in (1, _FORMAT):
+            raise ValueError(f"not a checkpoint plan of format 1 or {_FORMAT}: format {data.get('format')!r}")
+        offload = data.get("offload")
         plan = cls(
             model_class=data["model_class"],
             blocks=tuple(
@@ -185,6 +224,8 @@ class CheckpointPlan(PolicyConfig):
                     _plain(b["inputs"]),
                     b["held_bytes"],
                     b["recompute_flops"],
+                    b.get("offload", False),
+                    b.get("host_bytes", 0),
                 )
                 for b in data["blocks"]
             ),
@@ -192,16 +233,23 @@ class CheckpointPlan(PolicyConfig):
             budget_bytes=data["budget_bytes"],
             none_bytes=data["none_bytes"],
             min_bytes=data["min_bytes"],
+            base_bytes=data.get("base_bytes", data["min_bytes"]),
+            offload=None if offload is None else OffloadConfig(min_tokens=1, **offload),
+            freed_bytes=data.get("freed_bytes", 0),
+            window_bytes=data.get("window_bytes", 0),
         )
         if data.get("fingerprint") not in (None, plan.fingerprint):
             raise ValueError("checkpoint plan JSON was edited: its fingerprint does not match its contents")
         return plan
 
     def __str__(self) -> str:
-        rows = [("block", "class", "mode", "kept ops", "held", "recompute FLOPs")]
+        offload = self.offload is not None
+        rows = [("block", "class", "mode", "kept ops", "held", *(("inputs",) if offload else ()), "recompute FLOPs")]
         for b in self.blocks:
             kept = ", ".join(f"{op.removeprefix('aten::')}#{i}" for op, i in b.keep) or "-"
-            rows.append((b.path, b.class_name, b.mode, kept, _human(b.held_bytes), f"{b.recompute_flops:,}"))
+            inputs = f"host {_human(b.host_bytes)}" if b.offload else "-" if b.mode == NONE else "device"
+            cells = (b.path, b.class_name, b.mode, kept, _human(b.held_bytes), *((inputs,) if offload else ()))
+            rows.append((*cells, f"{b.recompute_flops:,}"))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = [
             f"CheckpointPlan {self.fingerprint} for {self.model_class} at ({describe_signature(self.inputs)})",
@@ -209,6 +257,14 @@ class CheckpointPlan(PolicyConfig):
             f"(none {_human(self.none_bytes)}, least possible {_human(self.min_bytes)}); "
             f"recompute {self.recompute_flops:,} FLOPs",
         ]
+        if any(b.offload for b in self.blocks):
+            lines.append(
+                f"offload: {_human(self.host_bytes)} of block inputs to host memory, {_human(self.freed_bytes)} "
+                f"freed on the device; up to {_human(self.window_bytes)} of them on the device at once (copies in "
+                f"flight, prefetched), counted in the budget: {_human(self.device_bytes)} in all"
+            )
+        elif offload:
+            lines.append("offload: allowed, not needed at this budget")
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         return "\n".join(lines)
 
@@ -219,6 +275,7 @@ class Budget(PolicyConfig):
 
     memory_budget: float | int | str | None = None
     example_inputs: Any = field(default=None, compare=False, repr=False)
+    offload: bool | OffloadConfig | None = None
     name: ClassVar[str] = "budget"
     by_name: ClassVar[bool] = False
 
@@ -228,6 +285,7 @@ class Budget(PolicyConfig):
         parse_budget(self.memory_budget)
         if self.example_inputs is None:
             raise ValueError("Budget needs example_inputs=: one forward's inputs (a dict, a tensor or a tuple)")
+        offload_request(self.offload)
 
 
 def _model_class(plan: BlockPlan) -> str:
@@ -235,22 +293,37 @@ def _model_class(plan: BlockPlan) -> str:
     return f"{type(served).__module__}.{type(served).__qualname__}"
 
 
-def _plan(block_plan: BlockPlan, example_inputs: Any, memory_budget: object) -> CheckpointPlan:
-    parse_budget(memory_budget)  # a bad budget fails before the model runs
-    return plan_from_profile(profile_model(block_plan, example_inputs), memory_budget)
+def _plan(
+    block_plan: BlockPlan, example_inputs: Any, memory_budget: object, offload: bool | OffloadConfig | None
+) -> CheckpointPlan:
+    parse_budget(memory_budget)  # a bad budget or offload= fails before the model runs
+    offload_request(offload)
+    return plan_from_profile(profile_model(block_plan, example_inputs), memory_budget, offload=offload)
 
 
-def plan_from_profile(profile: ModelProfile, memory_budget: object) -> CheckpointPlan:
+def _least(profile: ModelProfile, offload: OffloadModel | None) -> int:
+    """What the plan holding least holds: every block checkpointed whole, each offloading where that saves bytes."""
+    if offload is None:
+        return profile.min_bytes
+    return profile.min_bytes - max(0, offload.moved(offload.blocks).gain)
+
+
+def plan_from_profile(
+    profile: ModelProfile, memory_budget: object, *, offload: bool | OffloadConfig | None = None
+) -> CheckpointPlan:
     """The plan for ``memory_budget`` from a model's profile (:func:`~ac_core.budget.profile_model`): profile
     once, plan at several budgets (what ``ac-core bench --policy budget`` does)."""
     kind, value = parse_budget(memory_budget)
+    config = offload_request(offload)
+    model = OffloadModel(profile.saved_inputs, config) if config is not None else None
     budget = math.floor(value * profile.none_bytes) if kind == "fraction" else int(value)
-    minimum = profile.min_bytes
+    minimum = _least(profile, model)
     if budget < minimum:
+        moved = ", those offload moves on the host" if minimum < profile.min_bytes else ""
         raise ValueError(
             f"memory_budget={memory_budget!r} ({budget} bytes) is below the least any plan holds for backward at "
             f"these inputs: {minimum} bytes ({_human(minimum)}), every block checkpointed and nothing kept but "
-            f"block inputs ('none' holds {profile.none_bytes} bytes)"
+            f"block inputs{moved} ('none' holds {profile.none_bytes} bytes)"
         )
     if budget >= profile.none_bytes:
         logger.warning(
@@ -262,17 +335,34 @@ def plan_from_profile(profile: ModelProfile, memory_budget: object) -> Checkpoin
         )
         choices = [Choice(NONE, (), p.none_bytes, 0) for _, p in profile.blocks]
     else:
-        choices = solve(profile, budget)
+        choices = solve(profile, budget, model)
+    moved = Moved()
+    if model is not None:
+        moved = model.moved([path for (path, _), c in zip(profile.blocks, choices, strict=True) if c.offload])
     return CheckpointPlan(
         model_class=profile.model_class,
         blocks=tuple(
-            PlannedBlock(path, p.class_name, c.mode, c.keep, p.signature, c.held_bytes, c.recompute_flops)
+            PlannedBlock(
+                path,
+                p.class_name,
+                c.mode,
+                c.keep,
+                p.signature,
+                c.held_bytes,
+                c.recompute_flops,
+                c.offload,
+                moved.host.get(path, 0) if c.offload else 0,
+            )
             for (path, p), c in zip(profile.blocks, choices, strict=True)
         ),
         inputs=profile.inputs,
         budget_bytes=budget,
         none_bytes=profile.none_bytes,
         min_bytes=minimum,
+        base_bytes=profile.min_bytes,
+        offload=recorded(config) if config is not None else None,
+        freed_bytes=moved.freed,
+        window_bytes=moved.window,
     )
 
 
@@ -283,6 +373,7 @@ def plan_activation_checkpointing(
     *,
     adapter: AdapterSpec | str | None = None,
     blocks: Sequence[str] | None = None,
+    offload: bool | OffloadConfig | None = None,
 ) -> CheckpointPlan:
     """The plan with the least recompute FLOPs whose bytes held for backward stay within ``memory_budget``.
 
@@ -291,8 +382,15 @@ def plan_activation_checkpointing(
     fraction of what ``none`` holds (a float, 0 < f <= 1), bytes (an int) or a size string (``"40GiB"``). A
     budget below the least possible is an error naming it in bytes; one at or above ``none`` plans no
     checkpointing (and says so). Blocks come from the adapter or ``blocks=``, as for the fixed policies.
+
+    ``offload=True`` (or an :class:`~ac_core.OffloadConfig`, for its ``min_bytes``, ``max_inflight_bytes``,
+    ``prefetch_bytes`` and ``keep_on_device``) lets the plan move checkpointed blocks' saved inputs to host memory,
+    before it recomputes more; the budget then counts the device bytes offload keeps in flight and prefetched.
+    Planning needs no GPU (plan on ``meta`` for a cluster); running an offloading plan needs the model on CUDA,
+    and raises otherwise. The rest of the model's saved tensors stay on the device. Such a plan brings its own
+    offload: apply it without ``offload=`` (which would replace it and move more than planned).
     """
-    return _plan(resolve_blocks(model, adapter, blocks), example_inputs, memory_budget)
+    return _plan(resolve_blocks(model, adapter, blocks), example_inputs, memory_budget, offload)
 
 
 def _check_layout(plan: CheckpointPlan, block_plan: BlockPlan) -> None:
@@ -316,28 +414,31 @@ def _check_layout(plan: CheckpointPlan, block_plan: BlockPlan) -> None:
 
 
 def _make_layer(
-    keep: tuple[tuple[str, int], ...], planned: Signature, kind: Any, retained: Any, path: str,
-    expects_attention: bool = True, *, root: nn.Module | None = None,
+    keep: tuple[tuple[str, int], ...], planned: Signature, offload: PlanOffload | None, kind: Any, retained: Any,
+    path: str, expects_attention: bool = True, *, root: nn.Module | None = None,
 ) -> PlannedLayer:  # fmt: skip
-    return PlannedLayer(keep, planned, path, expects_attention, root=root)
+    if offload is not None:
+        offload.install()  # built when the verb installs layers: after it took earlier offload off the model
+    return PlannedLayer(keep, planned, path, expects_attention, root=root, offload=offload is not None)
 
 
 @register_policy(CheckpointPlan)
 def _plan_selections(config: CheckpointPlan, block_plan: BlockPlan) -> list[BlockSelection]:
     _check_layout(config, block_plan)
     by_path = {b.path: b for b in block_plan}
+    offload = PlanOffload(block_plan.model, config.offload) if config.offload is not None else None
     selections = []
     for planned in config.blocks:
         if planned.mode == NONE:
             continue
         # The layer keeps the planned occurrences; the verb installs it in place of a CheckpointLayer.
-        factory = functools.partial(_make_layer, planned.keep, planned.inputs)
+        factory = functools.partial(_make_layer, planned.keep, planned.inputs, offload if planned.offload else None)
         selections.append(BlockSelection(by_path[planned.path], CheckpointType.FULL, layer=factory))
     return selections
 
 
 @register_policy(Budget)
 def _budget_selections(config: Budget, block_plan: BlockPlan) -> list[BlockSelection]:
-    plan = _plan(block_plan, config.example_inputs, config.memory_budget)
+    plan = _plan(block_plan, config.example_inputs, config.memory_budget, config.offload)
     logger.info("ac-core: budget plan\n%s", plan)
     return _plan_selections(plan, block_plan)

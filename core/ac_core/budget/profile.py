@@ -10,10 +10,11 @@ profile. Everything is a function of shapes, so it runs on real, ``meta`` or fak
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from ..measure.flops import GlobalFlopCounter
 from ..measure.memory import held_for_backward, live_nbytes, new_storages, plain_tensors, storage_ref
 from ..plan import BlockPlan
 from ..policy import CheckpointType
+from .offload import InputRecorder, SavedInputs
 
 # One tensor argument of a block: (argument, shape, dtype). The argument is its position ("0") or keyword name,
 # with a pytree path suffix for tensors inside containers ("rotary[1]").
@@ -93,7 +95,8 @@ class ModelProfile:
     ``outside_bytes``: held for backward by everything but the blocks' own ops (block inputs included) under
     ``none``. ``checkpoint_input_bytes``: block inputs made in the forward that ``none`` frees before backward
     (Wan's timestep projection: the block only adds it to a table) but a checkpointed block keeps for its
-    recompute. A plan holds ``min_bytes`` (once any block is checkpointed) + what each block holds.
+    recompute. A plan holds ``min_bytes`` (once any block is checkpointed) + what each block holds, less what
+    offload moves of ``saved_inputs`` (the blocks' inputs their checkpoints save, see :mod:`.offload`).
     """
 
     model_class: str
@@ -102,6 +105,7 @@ class ModelProfile:
     none_bytes: int
     checkpoint_input_bytes: int = 0
     full_bytes: int | None = None
+    saved_inputs: SavedInputs = field(default_factory=SavedInputs)
 
     @property
     def min_bytes(self) -> int:
@@ -140,6 +144,15 @@ class _OpRecorder(TorchDispatchMode):
         return out
 
 
+def _float_mask(mask: Any, dtype: torch.dtype) -> Any:
+    """A boolean mask as torch's SDPA hands it to the CPU kernel: 0 where attended, -inf elsewhere (same ops)."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        return mask
+    attend = torch.scalar_tensor(0.0, dtype=dtype, device=mask.device)
+    masked = torch.scalar_tensor(-math.inf, dtype=dtype, device=mask.device)
+    return torch.where(mask, attend, masked)
+
+
 class _CpuAttentionOnMeta(TorchFunctionMode):
     """On ``meta`` tensors SDPA takes its math path (bmm, softmax, bmm), which is not what runs on a real CPU; route
     it to the fused CPU kernel, as on real CPU tensors, so that a meta plan is the plan of the real model."""
@@ -151,19 +164,15 @@ class _CpuAttentionOnMeta(TorchFunctionMode):
             names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
             options = dict(zip(names, args, strict=False)) | kwargs
             q, k, v = options.get("query"), options.get("key"), options.get("value")
-            if (
-                isinstance(q, torch.Tensor)
-                and q.device.type == "meta"
-                and q.dim() == 4
-                and not options.get("enable_gqa")
-            ):
+            # The CPU kernel takes grouped key/value heads (enable_gqa) as they are, as it does on real tensors.
+            if isinstance(q, torch.Tensor) and q.device.type == "meta" and q.dim() == 4:
                 return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                     q,
                     k,
                     v,
                     options.get("dropout_p", 0.0),
                     options.get("is_causal", False),
-                    attn_mask=options.get("attn_mask"),
+                    attn_mask=_float_mask(options.get("attn_mask"), q.dtype),
                     scale=options.get("scale"),
                 )[0]
         return func(*args, **kwargs)
@@ -179,10 +188,11 @@ def _detached_copy(value: Any) -> Any:
 
 
 @contextmanager
-def _unchecked(blocks: list[nn.Module]) -> Iterator[None]:
-    """Run ``blocks`` with their plain forward: ac-core's layers (a plan applied before) set aside, then put back."""
+def _unchecked(modules: list[nn.Module]) -> Iterator[None]:
+    """Run ``modules`` with their plain forward: ac-core's layers (a plan applied before, its offload on the model)
+    set aside, then put back."""
     saved = []
-    for module in blocks:
+    for module in modules:
         chain = module.__dict__.pop(_chain.CHAIN_ATTR, None)
         if chain is None:
             continue
@@ -198,6 +208,23 @@ def _unchecked(blocks: list[nn.Module]) -> Iterator[None]:
             module.__dict__.pop("forward", None)
             if forward is not None:
                 module.__dict__["forward"] = forward
+
+
+@contextmanager
+def _values_needed(model: nn.Module) -> Iterator[None]:
+    """Name the fix where the model's forward reads a tensor's value, which meta and fake tensors do not have."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    try:
+        yield
+    except (RuntimeError, DataDependentOutputException) as exc:
+        if not isinstance(exc, DataDependentOutputException) and "meta tensors" not in str(exc):
+            raise
+        raise ValueError(
+            f"{type(model).__name__}'s forward reads a tensor's value ({exc}), which meta and fake tensors do not "
+            "have, so it cannot be planned from shapes alone: plan it on real tensors (as few blocks as the "
+            "memory at hand allows, at the real width and sequence length)"
+        ) from exc
 
 
 def call_model(model: nn.Module, example_inputs: Any) -> Any:
@@ -246,7 +273,12 @@ def profile_model(plan: BlockPlan, example_inputs: Any) -> ModelProfile:
 
     handles = [b.module.register_forward_pre_hook(pre_hook(b.path), with_kwargs=True) for b in blocks]
     try:
-        with _unchecked([b.module for b in blocks]), torch.enable_grad(), _CpuAttentionOnMeta():
+        with (
+            _unchecked([model, *(b.module for b in blocks)]),
+            torch.enable_grad(),
+            _CpuAttentionOnMeta(),
+            _values_needed(plan.served_model),
+        ):
             _, none_bytes = held_for_backward(lambda: call_model(model, example_inputs))  # its result is not counted
     finally:
         for handle in handles:
@@ -284,6 +316,7 @@ def profile_model(plan: BlockPlan, example_inputs: Any) -> ModelProfile:
             recompute_flops=sum(op.flops for op in recomputed),
             candidates=tuple(op for op in recomputed if op.flops > 0 and op.nbytes > 0),
         )
+    full_bytes, saved_inputs = _held_all_full(plan, example_inputs)
     served = plan.served_model
     return ModelProfile(
         model_class=f"{type(served).__module__}.{type(served).__qualname__}",
@@ -291,7 +324,8 @@ def profile_model(plan: BlockPlan, example_inputs: Any) -> ModelProfile:
         blocks=tuple((b.path, _per_forward(profiles[keys[b.path]], calls[b.path])) for b in blocks),
         none_bytes=none_bytes,
         checkpoint_input_bytes=freed_inputs,
-        full_bytes=_held_all_full(plan, example_inputs),
+        full_bytes=full_bytes,
+        saved_inputs=saved_inputs,
     )
 
 
@@ -313,19 +347,22 @@ def _per_forward(profile: BlockProfile, calls: int) -> BlockProfile:
     )
 
 
-def _held_all_full(plan: BlockPlan, example_inputs: Any) -> int:
-    """Bytes the model's forward holds for backward with every block checkpointed whole, as ac-core does it."""
+def _held_all_full(plan: BlockPlan, example_inputs: Any) -> tuple[int, SavedInputs]:
+    """Bytes the model's forward holds for backward with every block checkpointed whole, as ac-core does it, and
+    the inputs those checkpoints save that offload could move (see :class:`.offload.InputRecorder`)."""
     blocks = list(plan)
-    with _unchecked([b.module for b in blocks]):
+    with _unchecked([plan.model, *(b.module for b in blocks)]):
         for b in blocks:
             layer = _checkpoint.CheckpointLayer(
                 CheckpointType.FULL, frozenset(), b.path, b.expects_attention, root=plan.model
             )
             _checkpoint.install(b.module, layer)
         try:
-            with torch.enable_grad(), _CpuAttentionOnMeta():
-                _, held = held_for_backward(lambda: call_model(plan.model, example_inputs))
+            with torch.enable_grad(), _CpuAttentionOnMeta(), InputRecorder(plan, example_inputs) as recorder:
+                out, held = held_for_backward(lambda: call_model(plan.model, example_inputs))
+            saved = recorder.finish()  # while ``out`` keeps the forward's graph alive
+            del out
         finally:
             for b in blocks:
                 _checkpoint.uninstall(b.module)
-    return held
+    return held, saved

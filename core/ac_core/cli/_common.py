@@ -177,6 +177,22 @@ def presets_of(adapters: Iterable[AdapterSpec]) -> list[str]:
     return [TINY, *sorted(names)]
 
 
+def add_size_arguments(parser: argparse.ArgumentParser, example: str) -> None:
+    """``--preset``, ``--layers`` and ``--seq``: the size of the model a command builds."""
+    parser.add_argument("--preset", default=TINY, help=f"'tiny' (default) or a real-width preset, e.g. {example}")
+    parser.add_argument("--layers", type=positive, default=None, help="blocks per container of a preset (4)")
+    parser.add_argument("--seq", type=positive, default=None, help="main-stream tokens of a preset (its default)")
+
+
+def check_size_arguments(args: argparse.Namespace, adapters: Iterable[AdapterSpec]) -> None:
+    """Refuse ``--layers``/``--seq`` with the tiny preset, naming the presets ``adapters`` offer."""
+    if args.preset == TINY and (args.layers is not None or args.seq is not None):
+        raise CLIError(
+            "--layers and --seq size a real-width preset; the tiny preset has a fixed config. Choose a preset: "
+            f"{', '.join(presets_of(adapters)[1:]) or 'none is offered by these adapters'}"
+        )
+
+
 def models_for(adapter: AdapterSpec, preset: str) -> list[ModelSpec]:
     """The model classes of ``adapter`` that can be built at ``preset``."""
     if preset == TINY:

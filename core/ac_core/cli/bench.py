@@ -17,8 +17,9 @@ from ..policies import BlockSkip, Full
 from ..spec import AdapterSpec, ModelSpec
 from ._common import (
     DTYPES,
-    TINY,
     CLIError,
+    add_size_arguments,
+    check_size_arguments,
     environment,
     library_notices_silenced,
     models_for,
@@ -31,7 +32,7 @@ from ._common import (
     stdout,
 )
 from .plan import budget_value
-from .rows import BUDGET, Row, row_names, variants
+from .rows import BUDGET, LIBRARY, NONE, Row, row_names, variants
 
 DEVICES = ("cpu", "cuda")
 DEFAULT_BUDGETS = "0.25,0.5,0.75"
@@ -43,6 +44,17 @@ def _budgets(value: str) -> list[float | int | str]:
         return [budget_value(name) for name in split_names(value)]
     except argparse.ArgumentTypeError as exc:
         raise CLIError(f"--budget: {exc}") from None
+
+
+def _n_layers(value: str) -> list[int]:
+    """``--n-layer``: one n, or several comma-separated (one block_skip row each)."""
+    try:
+        numbers = [positive(name) for name in split_names(value)]
+    except ValueError:
+        numbers = []
+    if not numbers:
+        raise argparse.ArgumentTypeError(f"takes ints >= 1, comma-separated, got {value!r}")
+    return numbers
 
 
 def _validate(args: argparse.Namespace) -> tuple[list[tuple[AdapterSpec, list[ModelSpec]]], list[str]]:
@@ -63,13 +75,14 @@ def _validate(args: argparse.Namespace) -> tuple[list[tuple[AdapterSpec, list[Mo
     args.budgets = _budgets(DEFAULT_BUDGETS if args.budget is None else args.budget) if BUDGET in policies else []
     if BUDGET in policies and not args.budgets:
         raise CLIError(f"--budget names no budget; e.g. --budget {DEFAULT_BUDGETS}")
+    if args.subsets and not set(policies) - {NONE, LIBRARY, BUDGET}:
+        raise CLIError(
+            f"--subsets measures the checkpointing policies on subsets of containers; add one of "
+            f"{', '.join(n for n in valid if n not in (NONE, LIBRARY))} to --policy"
+        )
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CLIError(f"--device cuda: CUDA is not available here (torch {torch.__version__}); valid values: cpu")
-    if args.preset == TINY and (args.layers is not None or args.seq is not None):
-        raise CLIError(
-            "--layers and --seq size a real-width preset; the tiny preset has a fixed config. Choose a preset: "
-            f"{', '.join(presets_of(adapters)[1:]) or 'none is offered by these adapters'}"
-        )
+    check_size_arguments(args, adapters)
     selected = [(adapter, models_for(adapter, args.preset)) for adapter in adapters]
     if args.adapter.strip() == "all":
         selected = [(adapter, models) for adapter, models in selected if models]
@@ -110,7 +123,7 @@ def _run(args: argparse.Namespace, selected: list[tuple[AdapterSpec, list[ModelS
 
     offload = None if args.offload is None else OffloadConfig(min_tokens=args.offload)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    settings = Settings(args.preset, args.layers, args.seq, device, dtype, args.steps, args.warmup)
+    settings = Settings(args.preset, args.layers, args.seq, device, dtype, args.steps, args.warmup, args.subsets)
     with library_notices_silenced({adapter.library for adapter, _ in selected if adapter.library}):
         rows = run_rows(selected, variants(policies, args.n_layer, offload, args.budgets), settings)
     env = environment(
@@ -121,7 +134,8 @@ def _run(args: argparse.Namespace, selected: list[tuple[AdapterSpec, list[ModelS
         layers=args.layers,
         steps=args.steps,
         warmup=args.warmup,
-        n_layer=args.n_layer,
+        n_layer=args.n_layer[0] if len(args.n_layer) == 1 else args.n_layer,  # one n: an int, as before lists
+        subsets=args.subsets,
         offload_min_tokens=args.offload,
         budgets=args.budgets or None,
     )
@@ -181,11 +195,20 @@ def add_parser(subparsers: Any) -> None:
         f"40GiB, comma-separated ({DEFAULT_BUDGETS}); one row each, planned on the row's model and inputs",
     )
     parser.add_argument(
-        "--n-layer", type=positive, default=2, help=f"{BlockSkip.name} checkpoints every n-th block (2)"
+        "--n-layer",
+        type=_n_layers,
+        default=[2],
+        metavar="N[,N...]",
+        help=f"{BlockSkip.name} checkpoints every n-th block (2); several, comma-separated, give a row each",
     )
-    parser.add_argument("--preset", default=TINY, help="'tiny' (default) or a real-width preset, e.g. wan2.1-1.3b")
-    parser.add_argument("--seq", type=positive, default=None, help="main-stream tokens of a preset (its default)")
-    parser.add_argument("--layers", type=positive, default=None, help="blocks per container of a preset (4)")
+    parser.add_argument(
+        "--subsets",
+        action="store_true",
+        help="also measure each checkpointing policy on each proper subset of a model's block containers (models "
+        "with two or more, e.g. Flux's double- and single-stream blocks), labelled policy[containers]; each "
+        f"{BUDGET} row is compared with the fixed row of least recompute that fits its budget",
+    )
+    add_size_arguments(parser, "wan2.1-1.3b")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     parser.add_argument("--device", choices=DEVICES, default="cpu")
     parser.add_argument("--steps", type=positive, default=3, help="timed steps per row; the median is reported (3)")

@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import argparse
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..measure.compiled import ROUTES, CompiledActivations, compare_routes
+from ..measure.compiled import ROUTES, BudgetComparison, CompiledActivations, compare_budgets, compare_routes
+from ..spec import ModelCase, ModelSpec
 from ..testing import toy_case
-from ._common import missing_library, positive, select_adapters
+from ._common import (
+    TINY,
+    add_size_arguments,
+    build_case,
+    check_size_arguments,
+    missing_library,
+    models_for,
+    positive,
+    presets_of,
+    select_adapters,
+    split_names,
+)
+from .plan import budget_value
 
 
 def format_table(results: Mapping[str, CompiledActivations], title: str) -> str:
@@ -20,6 +33,47 @@ def format_table(results: Mapping[str, CompiledActivations], title: str) -> str:
     return "\n".join(lines)
 
 
+def format_budgets(results: list[BudgetComparison], title: str) -> str:
+    """Per budget: ac-core's plan (predicted, then measured compiled) beside torch's activation_memory_budget."""
+    lines = [
+        title,
+        f"{'budget':<20} {'route':<23} {'saved MiB':>10} {'recompute GFLOP':>16} {'ac-core / torch':>16}",
+    ]
+    for r in results:
+        ratio = "-" if r.recompute_ratio is None else f"{r.recompute_ratio:.3f}"
+        rows = [
+            ("ac-core plan, predicted", r.plan.held_bytes, r.plan.recompute_flops, ""),
+            ("ac-core plan, compiled", r.ours.saved_bytes, r.ours.recompute_flops, ratio),
+            ("torch memory budget", r.torch.saved_bytes, r.torch.recompute_flops, ""),
+        ]
+        for i, (route, saved, flops, cell) in enumerate(rows):
+            budget = f"{r.budget} ({r.plan.budget_bytes / 2**20:.2f} MiB)" if i == 0 else ""
+            lines.append(f"{budget:<20} {route:<23} {saved / 2**20:>10.2f} {flops / 1e9:>16.4f} {cell:>16}")
+    return "\n".join(lines)
+
+
+def _budget_list(value: str) -> list[float | int | str]:
+    return [budget_value(name) for name in split_names(value)]
+
+
+def _report(make: Callable[[], ModelCase], args: argparse.Namespace, title: str, **where: Any) -> str:
+    if not args.budget:
+        return format_table(compare_routes(make, backend=args.backend, **where), title)
+    results, refused = [], []
+    for budget in args.budget:
+        try:
+            results.extend(compare_budgets(make, [budget], backend=args.backend, **where))
+        except ValueError as exc:  # a budget below the least possible at these inputs: say so, go on
+            refused.append(f"budget {budget}: {exc}")
+    return "\n".join([format_budgets(results, title), *refused])
+
+
+def _training_case(model: ModelSpec, preset: str, *, layers: int | None, seq: int | None) -> ModelCase:
+    case = build_case(model, preset, layers=layers, seq=seq)
+    case.model.train()
+    return case
+
+
 def run(args: argparse.Namespace) -> int:
     if args.adapter is None:
         make = functools.partial(
@@ -28,21 +82,26 @@ def run(args: argparse.Namespace) -> int:
         title = (
             f"toy stack: {args.depth} blocks, width {args.dim}, {args.heads} heads, {args.batch}x{args.tokens} tokens"
         )
-        print(format_table(compare_routes(make, blocks=["layers"], backend=args.backend), title))
+        print(_report(make, args, title, blocks=["layers"]))
         return 0
-    for adapter in select_adapters(args.adapter):
+    adapters = select_adapters(args.adapter)
+    check_size_arguments(args, adapters)
+    for adapter in adapters:
         missing = missing_library(adapter)
-        for model in adapter.models:
-            if model.tiny is None:
-                continue
-            title = f"{adapter.name}: tiny {adapter.model_label(model)}"
+        if not models_for(adapter, args.preset):
+            valid = ", ".join(presets_of([adapter]))
+            print(f"{adapter.name}: no model at preset {args.preset!r}; valid values: {valid}")
+        for model in models_for(adapter, args.preset):
+            title = f"{adapter.name}: {args.preset} {adapter.model_label(model)}"
+            if args.preset != TINY:
+                title += f", {args.layers or 4} blocks per container, seq {args.seq or 'default'}"
             if missing:
                 print(f"{title}\nskipped: {missing}\n")
             elif model.compile_unsupported:
                 print(f"{title}\nskipped: torch.compile cannot train it (declared: {model.compile_unsupported})\n")
             else:
-                results = compare_routes(model.build_tiny, adapter=adapter, backend=args.backend)
-                print(f"{format_table(results, title)}\n")
+                make = functools.partial(_training_case, model, args.preset, layers=args.layers, seq=args.seq)
+                print(f"{_report(make, args, title, adapter=adapter)}\n")
     return 0
 
 
@@ -53,11 +112,21 @@ def add_parser(subparsers: Any) -> None:
         description=(
             f"Compile one training step per route ({', '.join(ROUTES)}) and print, per route, the activations "
             "the partitioner saves for backward (MiB and tensors) and the forward ops backward recomputes: for "
-            "the toy stack, or for each tiny model of --adapter."
+            "the toy stack, or for each model of --adapter at --preset. With --budget, per memory budget instead: "
+            "ac-core's plan in the graph pass beside torch's activation_memory_budget, measured side by side."
         ),
     )
     parser.add_argument("--adapter", help="adapter name(s), comma-separated, or 'all': their tiny models, not the toy")
     parser.add_argument("--backend", default="aot_eager", choices=("aot_eager", "inductor"), help="compiler")
+    add_size_arguments(parser, "wan2.1-1.3b (with --adapter)")
+    parser.add_argument(
+        "--budget",
+        type=_budget_list,
+        default=None,
+        metavar="B[,B...]",
+        help="instead of the routes: per memory budget (fractions of none's held-for-backward, bytes or sizes), "
+        "ac-core's plan in the graph pass beside torch's activation_memory_budget at the same fraction, measured",
+    )
     parser.add_argument("--depth", type=positive, default=4, help="toy stack: blocks (4)")
     parser.add_argument("--dim", type=positive, default=256, help="toy stack: width (256)")
     parser.add_argument("--heads", type=positive, default=4, help="toy stack: attention heads (4)")

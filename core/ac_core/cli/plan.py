@@ -3,6 +3,8 @@
 The model and its inputs are built under ``torch.device("meta")``: nothing is allocated, so a model far larger
 than this machine's memory (Wan2.1-14B, 40 blocks, 81 frames of 720p) is planned from shapes, FLOPs and bytes.
 The per-block table is printed; ``--json`` writes the plan, which ``CheckpointPlan.from_json`` loads back.
+``--offload`` lets the plan move checkpointed blocks' inputs to host memory (offload's default settings), as a
+GPU run of the plan does.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ from ..budget import CheckpointPlan, parse_budget, plan_activation_checkpointing
 from ..spec import AdapterSpec, ModelCase, ModelSpec
 from ._common import (
     DTYPES,
-    TINY,
     CLIError,
+    add_size_arguments,
     build_case,
+    check_size_arguments,
     library_notices_silenced,
     missing_library,
     models_for,
-    positive,
     presets_of,
     select_adapters,
     stdout,
@@ -88,11 +90,13 @@ def make_plan(
     seq: int | None = None,
     device: str = "meta",
     dtype: torch.dtype = torch.float32,
+    offload: bool = False,
 ) -> CheckpointPlan:
-    """The plan of ``adapter``'s ``model`` at ``preset`` for ``budget``, planned on ``device``."""
+    """The plan of ``adapter``'s ``model`` at ``preset`` for ``budget``, planned on ``device``; with ``offload``,
+    blocks' inputs may go to host memory."""
     case = build_planned_case(model, preset, layers=layers, seq=seq, device=device, dtype=dtype)
     try:
-        return plan_activation_checkpointing(case.model, dict(case.inputs), budget, adapter=adapter)
+        return plan_activation_checkpointing(case.model, dict(case.inputs), budget, adapter=adapter, offload=offload)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
 
@@ -105,8 +109,7 @@ def run(args: argparse.Namespace) -> int:
     missing = missing_library(adapter)
     if missing:
         raise CLIError(missing)
-    if args.preset == TINY and (args.layers is not None or args.seq is not None):
-        raise CLIError("--layers and --seq size a real-width preset; the tiny preset has a fixed config")
+    check_size_arguments(args, [adapter])
     if args.json is not None and not args.json.parent.exists():
         raise CLIError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
     model = _model(adapter, args.preset, args.model)
@@ -121,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
             seq=args.seq,
             device=args.device,
             dtype=DTYPES[args.dtype],
+            offload=args.offload,
         )
     elapsed = time.perf_counter() - start
     console = stdout()
@@ -145,12 +149,10 @@ def add_parser(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("adapter", help="adapter name or module:attribute of an AdapterSpec")
-    parser.add_argument("--preset", default=TINY, help="'tiny' (default) or a real-width preset, e.g. wan2.1-14b")
+    add_size_arguments(parser, "wan2.1-14b")
     parser.add_argument(
         "--model", default=None, help="model class, where the adapter has several at the preset (default: its first)"
     )
-    parser.add_argument("--layers", type=positive, default=None, help="blocks per container of a preset (4)")
-    parser.add_argument("--seq", type=positive, default=None, help="main-stream tokens of a preset (its default)")
     parser.add_argument(
         "--budget",
         type=budget_value,
@@ -160,6 +162,11 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     parser.add_argument(
         "--device", choices=DEVICES, default="meta", help="where the model is built: meta (default, no allocation)"
+    )
+    parser.add_argument(
+        "--offload",
+        action="store_true",
+        help="let the plan move checkpointed blocks' inputs to host memory (a GPU run; OffloadConfig's defaults)",
     )
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the plan as JSON")
     parser.set_defaults(run=run, command_name=parser.prog.split()[-1])

@@ -69,12 +69,12 @@ def print_table(console: Console, rows: Sequence[Row], env: dict[str, Any]) -> N
             style = "yellow" if row.status == "skipped" else "red"
             notes.append(f"[{style}]({len(notes) + 1})[/] {escape(row.reason or '')}")
             status = f"[{style}]{row.status} ({len(notes)})[/]"
-            table.add_row(row.adapter, row.model or "-", row.label or "-", status)
+            table.add_row(row.adapter, row.model or "-", escape(row.label or "-"), status)
             continue
         table.add_row(
             row.adapter,
             row.model,
-            row.label,
+            escape(row.label or "-"),  # a subset row's label has [brackets], which rich reads as markup
             human_bytes(row.activation_peak_bytes),
             human_bytes(row.held_for_backward_bytes),
             human_flops(row.flops),
@@ -92,7 +92,8 @@ def print_table(console: Console, rows: Sequence[Row], env: dict[str, Any]) -> N
 
 
 def budget_lines(rows: Sequence[Row]) -> list[str]:
-    """One line per measured budget row: its budget, the plan's prediction, and what was measured against both."""
+    """One line per measured budget row: its budget, the plan's prediction, what was measured against both, and
+    its recompute beside the best fixed row that fits the same budget."""
     lines = []
     for row in rows:
         if row.policy != BUDGET or row.status != "ok" or row.budget_bytes is None:
@@ -104,9 +105,17 @@ def budget_lines(rows: Sequence[Row]) -> list[str]:
         lines.append(
             f"{row.adapter} {row.model} {row.label}: budget {human_bytes(row.budget_bytes)}, planned "
             f"{human_bytes(predicted)} (error {error}), measured {human_bytes(held)}: {within} budget+5%; "
-            f"planned recompute {human_flops(row.predicted_recompute_flops)}"
+            f"planned recompute {human_flops(row.predicted_recompute_flops)}; {_versus_best_fixed(row)}"
         )
     return lines
+
+
+def _versus_best_fixed(row: Row) -> str:
+    recompute = f"{_percent(row.recompute_overhead)} recompute vs best fixed that fits"
+    if row.best_fixed_label is None:
+        return f"{recompute}: none fits"
+    best = f"{row.best_fixed_label} {_percent(row.best_fixed_recompute_overhead)}"
+    return f"{recompute}: {best} (held {human_bytes(row.best_fixed_held_bytes)})"
 
 
 _CAPTION = (

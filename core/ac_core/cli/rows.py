@@ -3,13 +3,16 @@
 The variants are ac-core's registered policies plus two rows that are not ac-core policies: ``none`` (no
 checkpointing, the reference every other row is compared with) and ``library`` (the model library's own
 checkpointing, as a baseline). ``budget`` rows (not in ``all``) plan the memory-budget policy for each budget
-asked for on the row's model and inputs (:mod:`ac_core.budget`).
+asked for on the row's model and inputs (:mod:`ac_core.budget`), each compared with the best fixed row that
+fits its budget (:func:`best_fixed`). With ``--subsets``, each fixed checkpointing policy is also measured on
+each proper subset of a model's block containers (:func:`on_subsets`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from itertools import combinations
 from typing import Any
 
 from ..offload import OffloadConfig
@@ -30,54 +33,78 @@ class Variant:
     ``policy`` is a registered policy's config, or :data:`NONE` / :data:`LIBRARY`. ``offload`` is ac-core's
     activation offload (with ``none`` it runs without checkpointing); ``save_on_cpu`` is the synchronous
     baseline: ``full`` with torch's ``save_on_cpu(pin_memory=True)`` around the forward, as trainers that
-    wrap it (FastVideo's seed) do.
+    wrap it (FastVideo's seed) do. ``containers`` limits a policy to those block containers (FQNs); None:
+    every container the adapter declares.
     """
 
     policy: PolicyConfig | str
     offload: OffloadConfig | None = None
     save_on_cpu: bool = False
     budget: float | int | str | None = None  # a BUDGET row's memory budget (fraction of none, bytes or size)
+    containers: tuple[str, ...] | None = None
 
     @property
     def name(self) -> str:
         return self.policy if isinstance(self.policy, str) else self.policy.name
 
     @property
+    def fixed(self) -> bool:
+        """``none`` or a registered policy, kept on the device: what a budget row is compared with."""
+        return self.policy not in (LIBRARY, BUDGET) and self.offload is None and not self.save_on_cpu
+
+    @property
     def label(self) -> str:
         if self.policy == BUDGET:
             return f"{BUDGET}({self.budget})"
         base = f"{self.name}(n={self.policy.every})" if isinstance(self.policy, BlockSkip) else self.name
-        return base + ("+offload" if self.offload else "") + ("+save_on_cpu" if self.save_on_cpu else "")
+        where = f"[{','.join(self.containers)}]" if self.containers else ""
+        return base + where + ("+offload" if self.offload else "") + ("+save_on_cpu" if self.save_on_cpu else "")
 
 
-def _config(name: str, n_layer: int) -> PolicyConfig:
-    # --n-layer is block_skip's every-n-th block; every other policy takes its defaults.
-    return BlockSkip(every=n_layer) if registered_policies()[name] is BlockSkip else policy_config(name)
+def _configs(name: str, n_layers: Sequence[int]) -> list[PolicyConfig | str]:
+    # --n-layer is block_skip's every-n-th block (one row per n); every other policy takes its defaults.
+    if name not in registered_policies():
+        return [name]
+    if registered_policies()[name] is BlockSkip:
+        return [BlockSkip(every=n) for n in n_layers]
+    return [policy_config(name)]
 
 
 def variants(
     names: Sequence[str],
-    n_layer: int,
+    n_layers: Sequence[int],
     offload: OffloadConfig | None = None,
     budgets: Sequence[float | int | str] = (),
 ) -> list[Variant]:
     """The rows to measure for each model, ``none`` first (the reference every other row is compared with).
 
-    With ``offload``, each chosen row but ``library`` gets a ``+offload`` row after it, and ``full``
-    (when chosen) a synchronous ``+save_on_cpu`` row, the baseline offload is measured against. With
-    :data:`BUDGET` in ``names``, one row per budget of ``budgets`` comes last (without offload).
+    ``block_skip`` gets one row per n of ``n_layers``. With ``offload``, each chosen row but ``library``
+    gets a ``+offload`` row after it, and ``full`` (when chosen) a synchronous ``+save_on_cpu`` row, the
+    baseline offload is measured against. With :data:`BUDGET` in ``names``, one row per budget of
+    ``budgets`` comes last (without offload).
     """
-    registered = registered_policies()
     rows: list[Variant] = []
-    for name in (NONE, *(n for n in row_names() if n in names and n != NONE)):
-        policy = _config(name, n_layer) if name in registered else name
+    chosen = (NONE, *(n for n in row_names() if n in names and n != NONE))
+    for policy in (config for name in chosen for config in _configs(name, n_layers)):
         rows.append(Variant(policy))
-        if offload is not None and name != LIBRARY:
+        if offload is not None and policy != LIBRARY:
             rows.append(Variant(policy, offload=offload))
         if offload is not None and isinstance(policy, Full):
             rows.append(Variant(policy, save_on_cpu=True))
     if BUDGET in names:
         rows.extend(Variant(BUDGET, budget=budget) for budget in budgets)
+    return rows
+
+
+def on_subsets(variants: Sequence[Variant], containers: Sequence[str]) -> list[Variant]:
+    """``variants`` with, after each fixed checkpointing row, its policy on each proper non-empty subset of
+    ``containers`` (a model's block containers); unchanged for a model of fewer than two containers."""
+    subsets = [subset for size in range(1, len(containers)) for subset in combinations(containers, size)]
+    rows: list[Variant] = []
+    for variant in variants:
+        rows.append(variant)
+        if variant.fixed and variant.policy != NONE and variant.containers is None:
+            rows.extend(replace(variant, containers=subset) for subset in subsets)
     return rows
 
 
@@ -110,9 +137,41 @@ class Row:
     budget_bytes: int | None = None
     predicted_held_bytes: int | None = None
     predicted_recompute_flops: int | None = None
+    # and the fixed row (none or a policy, on any containers) of least recompute whose measured held fits the budget
+    best_fixed_label: str | None = None
+    best_fixed_held_bytes: int | None = None
+    best_fixed_recompute_overhead: float | None = None
+    containers: list[str] | None = None  # the block containers a policy was limited to (None: all)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def best_fixed(budget_row: Row, fixed: Iterable[Row]) -> Row | None:
+    """The measured row of ``fixed`` with the least recompute overhead (then the least held) whose measured
+    held-for-backward bytes fit ``budget_row``'s budget; None when none fits."""
+    budget = budget_row.budget_bytes
+    if budget is None:
+        return None
+    fits = [
+        row
+        for row in fixed
+        if row.status == "ok"
+        and row.recompute_overhead is not None
+        and row.held_for_backward_bytes is not None
+        and row.held_for_backward_bytes <= budget
+    ]
+    # Both figures are set on every row that fits (the `or 0` only satisfies the type checker).
+    return min(fits, key=lambda row: (row.recompute_overhead or 0.0, row.held_for_backward_bytes or 0), default=None)
+
+
+def compare_with_best_fixed(budget_row: Row, fixed: Iterable[Row]) -> None:
+    """Fill ``budget_row``'s best-fixed fields from :func:`best_fixed` (left None when no fixed row fits)."""
+    best = best_fixed(budget_row, fixed)
+    if best is not None:
+        budget_row.best_fixed_label = best.label
+        budget_row.best_fixed_held_bytes = best.held_for_backward_bytes
+        budget_row.best_fixed_recompute_overhead = best.recompute_overhead
 
 
 ROW_FIELDS = tuple(Row.__dataclass_fields__)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from statistics import median
 from typing import Any
 
@@ -19,13 +22,13 @@ from ..library_checkpointing import (
     enable_library_checkpointing,
     library_switch,
 )
-from ..measure import StepMeasurement, compare_grads, measure_step, time_steps
+from ..measure import GradCheck, StepMeasurement, compare_grads, measure_step, time_steps
 from ..offload import apply_activation_offload
 from ..ops import DEFAULT_RETAINED_OPS
 from ..plan import resolve_blocks
 from ..spec import AdapterSpec, ModelCase, ModelSpec
 from ._common import ac_core_logs_to, build_case, missing_library, stderr, version_status
-from .rows import BUDGET, LIBRARY, NONE, Row, Variant
+from .rows import BUDGET, LIBRARY, NONE, Row, Variant, compare_with_best_fixed, on_subsets
 
 
 class SkipRow(Exception):
@@ -96,9 +99,28 @@ def setup(variant: Variant, model: nn.Module, adapter: AdapterSpec, plan: Checkp
         apply_activation_checkpointing(model, variant.policy, adapter=adapter)
         _chain.add(model, SaveOnCpu())
         return f"{len(checkpointed_blocks(model))} blocks checkpointed, forward under save_on_cpu"
-    apply_activation_checkpointing(model, variant.policy, adapter=adapter, offload=variant.offload)
+    blocks = list(variant.containers) if variant.containers else None
+    with _unchecked_on_purpose() if blocks else nullcontext():
+        apply_activation_checkpointing(model, variant.policy, adapter=adapter, blocks=blocks, offload=variant.offload)
+    where = f" in {', '.join(variant.containers)}" if variant.containers else ""
     offloaded = f", offload from {variant.offload.min_tokens} tokens" if variant.offload else ""
-    return f"{len(checkpointed_blocks(model))} blocks checkpointed{offloaded}"
+    return f"{len(checkpointed_blocks(model))} blocks checkpointed{where}{offloaded}"
+
+
+class _UncheckedContainers(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "has blocks outside every container" not in str(record.msg)
+
+
+@contextmanager
+def _unchecked_on_purpose() -> Iterator[None]:
+    """Drop apply's warning about containers it leaves unchecked: a subset row leaves them so on purpose."""
+    logger, dropped = logging.getLogger("ac_core"), _UncheckedContainers()
+    logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropped)
 
 
 def teardown(variant: Variant, model: nn.Module) -> None:
@@ -112,7 +134,10 @@ def teardown(variant: Variant, model: nn.Module) -> None:
 
 @dataclass(frozen=True)
 class Settings:
-    """What every row of a run shares: the models' preset and size, where they run, and the steps measured."""
+    """What every row of a run shares: the models' preset and size, where they run, and the steps measured.
+
+    ``subsets``: also measure each fixed checkpointing policy on each proper subset of a model's containers.
+    """
 
     preset: str
     layers: int | None
@@ -121,6 +146,7 @@ class Settings:
     dtype: torch.dtype
     steps: int
     warmup: int
+    subsets: bool = False
 
     def steps_per_model(self, rows: int) -> int:
         """Forward+backward passes one model costs: warm-up once, then per row one measured step and the timed."""
@@ -137,7 +163,18 @@ def build(model: ModelSpec, settings: Settings) -> ModelCase:
     return case
 
 
-def _fill(row: Row, measured: StepMeasurement, times: list[float], reference: tuple | None) -> None:
+def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    # The step's gradients in place: a copy of every row's would cost a model's worth of memory at real width.
+    return {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+
+
+def _fill(
+    row: Row,
+    measured: StepMeasurement,
+    times: list[float],
+    reference: tuple[StepMeasurement, float] | None,
+    check: GradCheck,
+) -> None:
     row.loss = measured.loss
     row.activation_peak_bytes = measured.activation_peak_bytes
     row.held_for_backward_bytes = measured.held_for_backward_bytes
@@ -152,7 +189,6 @@ def _fill(row: Row, measured: StepMeasurement, times: list[float], reference: tu
     ref_step, ref_time = reference
     row.recompute_overhead = measured.flops / ref_step.flops - 1 if ref_step.flops else None
     row.time_ratio = row.step_time_s / ref_time if ref_time else None
-    check = compare_grads(measured.grads, ref_step.grads)
     row.grad_max_abs_diff, row.grad_ok = check.max_abs_diff, check.ok
 
 
@@ -162,8 +198,14 @@ def model_rows(
     variants: Sequence[Variant],
     settings: Settings,
     advance: Callable[[int], None],
+    add_steps: Callable[[int], None] = lambda n: None,
 ) -> list[Row]:
-    """Build one model and measure every variant on it, 'none' first."""
+    """Build one model and measure every variant on it, 'none' first; then compare each budget row with the
+    best fixed row that fits its budget.
+
+    With ``settings.subsets`` the variants grow by :func:`.rows.on_subsets` once the model's containers are
+    known; ``add_steps(n)`` is told the steps that adds (a progress bar's total).
+    """
     label = adapter.model_label(model)
     per_model = settings.steps_per_model(len(variants))
     missing = missing_library(adapter)
@@ -184,13 +226,19 @@ def model_rows(
     except Exception as exc:
         advance(per_model)
         return [Row(adapter.name, label, None, None, "error", f"building the model failed: {exc!r}")]
+    if settings.subsets:
+        containers = [container.path for container in resolve_blocks(case.model, adapter, None).containers]
+        grown = on_subsets(variants, containers)
+        add_steps(settings.steps_per_model(len(grown)) - settings.steps_per_model(len(variants)))
+        variants = grown
     tokens = adapter.token_count(case.model, case.inputs) if adapter.token_count else None
     attention_ops = DEFAULT_RETAINED_OPS | adapter.retained_ops()
     rows: list[Row] = []
-    reference = None
+    reference: tuple[StepMeasurement, float] | None = None
     planner = Planner(case, adapter)
     for variant in variants:
         row = Row(adapter.name, label, variant.name, variant.label, "ok", tokens=tokens)
+        row.containers = list(variant.containers) if variant.containers else None
         rows.append(row)
         done = 0
 
@@ -208,7 +256,10 @@ def model_rows(
                 row.predicted_held_bytes = plan.held_bytes
                 row.predicted_recompute_flops = plan.recompute_flops
             row.detail = setup(variant, case.model, adapter, plan)
-            measured = measure_step(case, attention_ops, keep_grads=True)
+            # Only the reference keeps a copy of its gradients; each later row's are compared in place.
+            measured = measure_step(case, attention_ops, keep_grads=reference is None)
+            reference_grads = measured.grads if reference is None else reference[0].grads
+            check = compare_grads(_grads(case.model), reference_grads)
             step_done()
             times = time_steps(case, settings.steps, on_step=step_done)
         except SkipRow as exc:
@@ -220,10 +271,19 @@ def model_rows(
         finally:
             advance(1 + settings.steps - done)
             teardown(variant, case.model)
-        if variant.policy == NONE:
+        if reference is None and variant.policy == NONE:  # the first 'none' row (not none+offload)
             reference = (measured, median(times))
-        _fill(row, measured, times, reference)
+        _fill(row, measured, times, reference, check)
+    _compare_budgets(variants, rows)
     return rows
+
+
+def _compare_budgets(variants: Sequence[Variant], rows: Sequence[Row]) -> None:
+    """Fill each budget row's best fixed row that fits, from one model's rows."""
+    fixed = [row for variant, row in zip(variants, rows, strict=True) if variant.fixed]
+    for row in rows:
+        if row.policy == BUDGET:
+            compare_with_best_fixed(row, fixed)
 
 
 def run_rows(
@@ -246,8 +306,14 @@ def run_rows(
     )
     with progress, ac_core_logs_to(err):
         task = progress.add_task("steps", total=total)
+
+        def add_steps(n: int) -> None:
+            nonlocal total
+            total += n
+            progress.update(task, total=total)
+
         for adapter, models in selected:
             for model in models:
                 progress.update(task, description=f"{adapter.name} {adapter.model_label(model)}")
-                rows.extend(model_rows(adapter, model, variants, settings, lambda n: progress.advance(task, n)))
+                rows.extend(model_rows(adapter, model, variants, settings, partial(progress.advance, task), add_steps))
     return rows

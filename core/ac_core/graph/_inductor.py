@@ -6,11 +6,15 @@ Imported only by :func:`ac_core.compile`: importing inductor's pass types costs 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import torch
 from torch import fx
-from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.custom_graph_pass import CustomGraphPass, CustomPartitionerFn
 
+from .keep_planned import BlockDecision
 from .sac import apply_sac_pass
 from .save_ops import op_name
 
@@ -21,6 +25,16 @@ def _describe(op: object) -> str:
     if isinstance(op, str):
         return op
     return op_name(op) or f"{getattr(op, '__module__', '')}.{getattr(op, '__qualname__', repr(op))}"
+
+
+def _replays_rng(graph: fx.Graph) -> bool:
+    # Inductor replays a recomputed random op's RNG state on CUDA (philox); CPU inductor cannot lower the
+    # replay (run_and_save_rng_state). A graph of CUDA tensors may still take a CPU scalar: any CUDA input counts.
+    return any(
+        isinstance(value := node.meta.get("val"), torch.Tensor) and value.device.type == "cuda"
+        for node in graph.nodes
+        if node.op == "placeholder"
+    )
 
 
 class SACGraphPass(CustomGraphPass):
@@ -37,14 +51,23 @@ class SACGraphPass(CustomGraphPass):
         retain: frozenset[object],
         blocks: frozenset[str] | None = None,
         outside_modules: frozenset[str] | None = None,
+        plan: Sequence[BlockDecision] | None = None,
     ) -> None:
         self.retain = retain
         self.blocks = blocks
         self.outside_modules = outside_modules
+        self.plan = plan
 
     def __call__(self, graph: fx.Graph) -> None:
         assert graph.owning_module is not None, "inductor passes the joint graph of a GraphModule"
-        apply_sac_pass(graph.owning_module, self.retain, blocks=self.blocks, outside_modules=self.outside_modules)
+        apply_sac_pass(
+            graph.owning_module,
+            self.retain,
+            blocks=self.blocks,
+            outside_modules=self.outside_modules,
+            plan=self.plan,
+            replay_rng=_replays_rng(graph),
+        )
 
     def uuid(self) -> str:
         digest = hashlib.sha256()
@@ -53,4 +76,25 @@ class SACGraphPass(CustomGraphPass):
         digest.update("\n".join(sorted(_describe(op) for op in self.retain)).encode())
         for names in (self.blocks, self.outside_modules):
             digest.update(repr(None if names is None else sorted(names)).encode())
+        plan = None if self.plan is None else [(d.path, d.mode, sorted(d.keep)) for d in self.plan]
+        digest.update(repr(plan).encode())
         return digest.hexdigest()
+
+
+class BudgetPartitioner(CustomPartitionerFn):
+    """Inductor's ``custom_partitioner_fn``: torch's min-cut partitioner under ``activation_memory_budget``.
+
+    An option rather than a global config patch: the budget applies to this compile only (partitioning runs
+    at the first call, after ``torch.compile`` returned) and is part of the cache key through ``uuid()``.
+    """
+
+    def __init__(self, memory_budget: float) -> None:
+        self.memory_budget = memory_budget
+
+    def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any) -> tuple[Any, Any]:
+        from .torch_compile import budget_partition
+
+        return budget_partition(gm, joint_inputs, memory_budget=self.memory_budget, **kwargs)
+
+    def uuid(self) -> str:
+        return f"ac-core activation_memory_budget={self.memory_budget!r}"

@@ -53,6 +53,17 @@ def _named_block(entries: list[tuple[str, str]], blocks: frozenset[str]) -> str 
     return None
 
 
+def call_number(node: fx.Node, path: str) -> int:
+    """Which call of the module at ``path`` (0 for the first) ``node`` ran in: dynamo keys a module's later calls
+    in one forward with ``@1``, ``@2`` ... on its ``nn_module_stack`` entry."""
+    for key, value in (node.meta.get("nn_module_stack") or {}).items():
+        expression = value[0] if isinstance(value, (tuple, list)) else value
+        if module_path(str(expression)) == path:
+            _, at, number = str(key).rpartition("@")
+            return int(number) if at and number.isdigit() else 0
+    return 0
+
+
 def ran_in_any(nodes: Sequence[fx.Node], modules: Collection[str]) -> bool:
     """Whether any of ``nodes`` ran inside one of ``modules`` (FQNs, matched as named blocks are)."""
     named = frozenset(modules)

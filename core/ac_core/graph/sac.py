@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from torch import fx
 
 from .._deprecated import UNSET, renamed
 from .alternate_matmuls import alternate_matmuls
+from .keep_planned import BlockDecision, keep_planned
 from .save_block_outputs import save_block_outputs
 from .save_ops import DEFAULT_SAC_SAVE_OPS, OpSet
 from .save_outside_blocks import save_outside_blocks
@@ -25,6 +26,8 @@ def apply_sac_pass(
     *,
     blocks: Iterable[str] | None = None,
     outside_modules: Iterable[str] | None = None,
+    plan: Sequence[BlockDecision] | None = None,
+    replay_rng: bool = True,
     op_list_to_save: Any = UNSET,
 ) -> fx.GraphModule:
     """Tag the joint graph ``gm`` for the min-cut partitioner and return it.
@@ -43,18 +46,38 @@ def apply_sac_pass(
     ``torch._functorch.partitioners.min_cut_rematerialization_partition`` reads the tags;
     :func:`ac_core.compile` runs this pass inside ``torch.compile``. ``op_list_to_save=`` (torchtitan's
     name) is the old name of ``retain=``.
+
+    With ``plan`` (one :class:`BlockDecision` per block, from a checkpoint plan) the plan decides instead of
+    ``retain`` and the matmul alternation: each block's ops are all saved (``none``), all recomputed
+    (``full``) or recomputed but for the planned occurrences (``ops``); block outputs, the code outside the
+    blocks and random ops are saved as above. ``replay_rng=False`` (a backend that cannot replay a recomputed
+    op's RNG state: CPU inductor) saves every op tagged random, attention kernels without dropout included.
     """
     retain = renamed("apply_sac_pass", "op_list_to_save", "retain", op_list_to_save, retain, None)
     save = OpSet(DEFAULT_SAC_SAVE_OPS if retain is None else retain)
     if isinstance(blocks, str):
         raise TypeError(f"blocks takes a collection of block FQNs, e.g. [{blocks!r}]")
     named = None if blocks is None else frozenset(blocks)
+    if named is None and plan is not None:
+        named = frozenset(decision.path for decision in plan)
     graph = gm.graph
-    in_save_set = tag_save_set(graph, save)
-    matmuls, matmuls_saved = alternate_matmuls(graph)
+    if plan is not None:
+        tag_save_set(graph, OpSet(()))
+        kept, missing = keep_planned(graph, plan)
+        if missing:
+            logger.warning(
+                "ac-core: %d op occurrences the checkpoint plan keeps have no node in the compiled graph (an op "
+                "the trace decomposed or inductor replaced): those are recomputed, so the compiled model holds "
+                "less and recomputes more than planned",
+                missing,
+            )
+        in_save_set, matmuls, matmuls_saved = kept, 0, 0
+    else:
+        in_save_set = tag_save_set(graph, save)
+        matmuls, matmuls_saved = alternate_matmuls(graph)
     boundaries = save_block_outputs(graph, named)
     outside = save_outside_blocks(graph, named, None if outside_modules is None else frozenset(outside_modules))
-    random_ops = save_rng(graph)
+    random_ops = save_rng(graph, replay=replay_rng)
     gm.recompile()
     logger.info(
         "ac-core: graph SAC pass saved %d ops of the save set, %d of %d matmuls, %d block outputs, "

@@ -19,12 +19,16 @@ from ..policies import Ops, PolicyConfig, policy_config
 from ..policy import CheckpointType
 from ..registry import get_adapter, registered_adapters, unwrap_model
 from ..spec import AdapterSpec
+from .keep_planned import BlockDecision
 from .sac import apply_sac_pass
 from .save_ops import DEFAULT_SAC_SAVE_OPS, OpSet
 
 logger = logging.getLogger("ac_core")
 
 GRAPH_BACKENDS = ("inductor", "aot_eager")
+# Who turns a memory budget into save decisions on the compiled route: ac-core's plan (profiled per block,
+# solved across blocks) or torch's activation_memory_budget (a knapsack per compiled graph).
+SOLVERS = ("ac-core", "torch")
 
 PartitionFn = Callable[..., tuple[fx.GraphModule, fx.GraphModule]]
 
@@ -38,14 +42,30 @@ def sac_partition(
     outside_modules: frozenset[str] | None = None,
     partition: PartitionFn | None = None,
     save_ops: Any = UNSET,
+    plan: Sequence[BlockDecision] | None = None,
     **kwargs: Any,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """A ``partition_fn`` for ``aot_autograd``: :func:`apply_sac_pass`, then ``partition`` (min-cut by default)."""
     retain = renamed("sac_partition", "save_ops", "retain", save_ops, retain, None)
     if partition is None:
         from torch._functorch.partitioners import min_cut_rematerialization_partition as partition
-    apply_sac_pass(gm, retain, blocks=blocks, outside_modules=outside_modules)
+    apply_sac_pass(gm, retain, blocks=blocks, outside_modules=outside_modules, plan=plan)
     return partition(gm, joint_inputs, **kwargs)
+
+
+def budget_partition(
+    gm: fx.GraphModule, joint_inputs: Sequence[object], *, memory_budget: float, **kwargs: Any
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """torch's min-cut partitioner with ``torch._functorch.config.activation_memory_budget = memory_budget``.
+
+    torch reads the budget when it partitions, at the compiled model's first call, so it is set around the
+    partitioner rather than around ``torch.compile``.
+    """
+    from torch._functorch import config
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    with config.patch(activation_memory_budget=memory_budget):
+        return min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
 
 
 def aot_eager_backend(partition_fn: PartitionFn) -> Callable[..., Any]:
@@ -63,6 +83,8 @@ class GraphRoute:
     """What the graph pass needs for one model: the ops whose outputs it keeps, the blocks' FQNs, and the
     modules outside them (None where the pass is to find blocks in the graph itself).
 
+    ``plan``: a checkpoint plan's per-block decisions, which the pass follows instead of ``retain``.
+    ``memory_budget``: no pass; torch's partitioner solves ``activation_memory_budget`` (a fraction) instead.
     :func:`prepare_graph_route` makes one from a model; :func:`ac_core.compile` and the measurements
     build their backends from it.
     """
@@ -70,14 +92,22 @@ class GraphRoute:
     retain: frozenset[object] = DEFAULT_SAC_SAVE_OPS
     blocks: frozenset[str] | None = None
     outside_modules: frozenset[str] | None = None
+    plan: tuple[BlockDecision, ...] | None = None
+    memory_budget: float | None = None
 
     def __post_init__(self) -> None:
         OpSet(self.retain)  # reject a malformed op
+        if self.memory_budget is not None and not 0 <= self.memory_budget <= 1:
+            raise ValueError(f"torch's activation_memory_budget is a fraction in [0, 1], got {self.memory_budget!r}")
+        if self.memory_budget is not None and self.plan is not None:
+            raise ValueError("a graph route follows a checkpoint plan or torch's memory budget, not both")
 
     def partition_fn(self) -> PartitionFn:
-        """:func:`sac_partition` bound to this route."""
+        """:func:`sac_partition` bound to this route (or :func:`budget_partition` for torch's budget)."""
+        if self.memory_budget is not None:
+            return functools.partial(budget_partition, memory_budget=self.memory_budget)
         return functools.partial(
-            sac_partition, retain=self.retain, blocks=self.blocks, outside_modules=self.outside_modules
+            sac_partition, retain=self.retain, blocks=self.blocks, outside_modules=self.outside_modules, plan=self.plan
         )
 
     def aot_eager(self) -> Callable[..., Any]:
@@ -90,11 +120,16 @@ class GraphRoute:
         The pass is added to any ``joint_custom_post_pass`` already in ``options``. Being an option, it
         applies to that compile only and is part of inductor's and AOTAutograd's cache keys.
         """
-        from ._inductor import SACGraphPass
+        from ._inductor import BudgetPartitioner, SACGraphPass
 
         merged = dict(options or {})
+        if self.memory_budget is not None:
+            if merged.get("custom_partitioner_fn") is not None:
+                raise ValueError("options= has a custom_partitioner_fn; torch's memory budget needs its own")
+            merged["custom_partitioner_fn"] = BudgetPartitioner(self.memory_budget)
+            return merged
         existing = merged.get("joint_custom_post_pass")
-        ours = SACGraphPass(self.retain, self.blocks, self.outside_modules)
+        ours = SACGraphPass(self.retain, self.blocks, self.outside_modules, self.plan)
         if existing is None:
             merged["joint_custom_post_pass"] = ours
         else:
@@ -247,6 +282,7 @@ def compile(
     backend: str = "inductor",
     options: dict[str, Any] | None = None,
     save_ops: Any = UNSET,
+    solver: str = "ac-core",
     **torch_compile_kwargs: Any,
 ) -> nn.Module:
     """``torch.compile(model)`` with activation checkpointing by policy; returns the compiled model.
@@ -264,6 +300,13 @@ def compile(
 
     ``full`` and ``block_skip`` (and any other policy) apply eager per-block checkpointing
     (:func:`apply_activation_checkpointing` with ``n_layer``, ``adapter``, ``blocks``) and compile.
+    A :class:`~ac_core.budget.CheckpointPlan` (from :func:`ac_core.plan_activation_checkpointing`) takes the
+    graph route with the plan's decisions: per block, its ops all saved (``none``), all recomputed (``full``)
+    or recomputed but for the planned occurrences. ``ac_core.Budget(memory_budget, example_inputs=...)`` plans
+    on the model first (``solver="ac-core"``), or with ``solver="torch"`` leaves the choice to torch's
+    partitioner, setting ``torch._functorch.config.activation_memory_budget`` for this compile to the budget's
+    fraction of what ``none`` holds (torch reads it as a fraction of what its default partition saves above
+    the graph's inputs: the same number, another reference; ``ac-core compare --budget`` measures both).
     Other keyword arguments (``dynamic``, ``fullgraph``, ``mode`` ...) go to ``torch.compile``.
     ``save_ops=`` is the old name of ``retain=``.
     """
@@ -281,12 +324,19 @@ def compile(
     if isinstance(retain, (str, bytes)):
         raise TypeError(f"retain takes a collection of ops, e.g. {{{retain!r}}}, not a single string")
     config = policy_config(checkpointing_type, n_layer)
-    if not isinstance(config, Ops):
+    from .budget_route import budget_route, is_budget_config
+
+    budgeted = is_budget_config(config)
+    if solver != "ac-core" and not budgeted:
+        raise ValueError(f"solver={solver!r} chooses who solves a memory budget; pass ac_core.Budget(...) with it")
+    if not isinstance(config, Ops) and not budgeted:
         _check_dynamic_eager(config, torch_compile_kwargs.get("dynamic"))
         apply_activation_checkpointing(model, config, adapter=adapter, blocks=blocks)
         return _compiled(torch.compile(model, backend=backend, options=options, **torch_compile_kwargs))
 
-    route = prepare_graph_route(model, adapter, blocks, {*config.retain, *retain})
+    route = prepare_graph_route(model, adapter, blocks, {*getattr(config, "retain", ()), *retain})
+    if budgeted:
+        route = budget_route(model, config, route, solver, adapter, blocks)
     if backend == "aot_eager":
         return _compiled(torch.compile(model, backend=route.aot_eager(), **torch_compile_kwargs))
     mode = torch_compile_kwargs.pop("mode", None)

@@ -15,14 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import fx
+from torch import fx, nn
+from torch.fx.node import map_arg
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..checkpointing import apply_activation_checkpointing
 from ..graph import GraphRoute, aot_eager_backend, prepare_graph_route
 from ..graph.save_ops import op_name
 from ..ops import op_matches
-from ..policies import Full, Ops
+from ..policies import Full, Ops, PolicyConfig
 from ..spec import ModelCase
 
 EAGER_POLICIES = (Full(), Ops())
@@ -37,7 +38,8 @@ class CompiledActivations:
     that feed backward, leaving out graph inputs (parameters, buffers, the batch) and views of them.
     ``recomputed`` counts, by op name, the forward ops the backward graphs run again (views and
     getitems left out); ``forward`` counts the forward graphs' ops the same way. ``graphs`` is the
-    number of forward/backward pairs measured, ``loss`` the measured step's loss.
+    number of forward/backward pairs measured, ``loss`` the measured step's loss. ``recompute_flops``: the
+    FLOPs of the recomputed ops, by ``FlopCounterMode``'s formulas (ours for CPU SDPA) on their shapes.
     """
 
     saved_bytes: int
@@ -46,6 +48,7 @@ class CompiledActivations:
     forward: Mapping[str, int] = field(default_factory=dict)
     graphs: int = 0
     loss: float | None = None
+    recompute_flops: int = 0
 
     @property
     def recompute_count(self) -> int:
@@ -71,6 +74,20 @@ def _nbytes(value: torch.Tensor) -> int:
     return optimization_hint(value.untyped_storage().nbytes())
 
 
+def _flops(node: fx.Node, target: object) -> int:
+    """FLOPs of one graph node, from torch's flop formulas (and ours for CPU SDPA) on its recorded shapes."""
+    from torch.utils.flop_counter import flop_registry
+
+    from .flops import register_sdpa_flop_formulas
+
+    register_sdpa_flop_formulas()
+    formula = flop_registry.get(getattr(target, "overloadpacket", None))
+    if formula is None:
+        return 0
+    args, kwargs = map_arg((node.args, node.kwargs), lambda arg: arg.meta.get("val"))
+    return int(formula(*args, **kwargs, out_val=node.meta.get("val")))
+
+
 def _is_view_or_getitem(node: fx.Node) -> bool:
     schema = getattr(node.target, "_schema", None)
     return node.target is operator.getitem or (
@@ -86,6 +103,7 @@ class _Recorder:
         self.recomputed: Counter[str] = Counter()
         self.forward: Counter[str] = Counter()
         self.graphs = 0
+        self.recompute_flops = 0
 
     def record(self, fw: fx.GraphModule, bw: fx.GraphModule, *, num_fwd_outputs: int, **_: Any) -> None:
         self.graphs += 1
@@ -117,6 +135,7 @@ class _Recorder:
             # The partitioner copies a recomputed node into backward under its forward name.
             elif node.name in forward_names and not _is_view_or_getitem(node):
                 self.recomputed[op_name(node.target) or str(node.target)] += 1
+                self.recompute_flops += _flops(node, node.target)
 
     def partition(
         self,
@@ -141,7 +160,13 @@ class _Recorder:
 
     def result(self, loss: float | None) -> CompiledActivations:
         return CompiledActivations(
-            sum(self.saved.values()), len(self.saved), dict(self.recomputed), dict(self.forward), self.graphs, loss
+            sum(self.saved.values()),
+            len(self.saved),
+            dict(self.recomputed),
+            dict(self.forward),
+            self.graphs,
+            loss,
+            self.recompute_flops,
         )
 
 
@@ -150,23 +175,24 @@ def _inductor_recording_options(recorder: _Recorder, route: GraphRoute | None) -
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
+    # torch's budget is a partitioner of its own (no pass): record around it.
+    budgeted = route is not None and route.memory_budget is not None
+    inner = route.partition_fn() if route is not None and budgeted else min_cut_rematerialization_partition
+
     class _RecordingPartitioner(CustomPartitionerFn):
         def __call__(self, gm, joint_inputs, **kwargs):
-            return recorder.partition(min_cut_rematerialization_partition, gm, joint_inputs, **kwargs)
+            return recorder.partition(inner, gm, joint_inputs, **kwargs)
 
         def uuid(self) -> None:
             return None  # never cached: a cache hit would skip the partitioner and record nothing
 
     options: dict[str, Any] = {"custom_partitioner_fn": _RecordingPartitioner()}
-    return options if route is None else route.inductor_options(options)
+    return options if route is None or route.memory_budget is not None else route.inductor_options(options)
 
 
 def _measure(
     case: ModelCase,
-    sac: bool,
-    adapter: Any,
-    blocks: Sequence[str] | None,
-    retain: Iterable[object],
+    route_of: Callable[[nn.Module], GraphRoute] | None,
     backend: str,
     baseline: _Recorder | None,
     torch_compile_kwargs: dict[str, Any],
@@ -175,7 +201,7 @@ def _measure(
 
     if backend not in ("aot_eager", "inductor"):
         raise ValueError(f"backend must be 'aot_eager' or 'inductor', got {backend!r}")
-    route = prepare_graph_route(case.model, adapter, blocks, retain) if sac else None
+    route = None if route_of is None else route_of(case.model)
     torch._dynamo.reset()
     recorder = _Recorder()
     if backend == "aot_eager":
@@ -209,7 +235,43 @@ def compiled_activations(
     ``backend`` is ``"aot_eager"`` (seconds) or ``"inductor"`` (inductor's joint-graph passes run
     before partitioning; slower to compile).
     """
-    return _measure(case, sac, adapter, blocks, retain, backend, None, torch_compile_kwargs)
+    route_of = functools.partial(_graph_route, adapter=adapter, blocks=blocks, retain=retain) if sac else None
+    return _measure(case, route_of, backend, None, torch_compile_kwargs)
+
+
+def _graph_route(
+    model: nn.Module,
+    *,
+    adapter: Any,
+    blocks: Sequence[str] | None,
+    retain: Iterable[object] = (),
+    budget: PolicyConfig | None = None,
+    solver: str = "ac-core",
+) -> GraphRoute:
+    """The route :func:`ac_core.compile` takes for ``model``: the graph pass, or a budget's (see budget_route.py)."""
+    route = prepare_graph_route(model, adapter, blocks, retain)
+    if budget is None:
+        return route
+    from ..graph.budget_route import budget_route
+
+    return budget_route(model, budget, route, solver, adapter, blocks)
+
+
+def budget_activations(
+    case: ModelCase,
+    budget: PolicyConfig,
+    *,
+    solver: str = "ac-core",
+    adapter: Any = None,
+    blocks: Sequence[str] | None = None,
+    backend: str = "aot_eager",
+    **torch_compile_kwargs: Any,
+) -> CompiledActivations:
+    """:func:`compiled_activations` on the route ``ac_core.compile(case.model, budget, solver=solver)`` takes:
+    a :class:`~ac_core.budget.CheckpointPlan`'s decisions or a :class:`~ac_core.budget.Budget` planned by
+    ac-core, or torch's ``activation_memory_budget`` at the same fraction of ``none`` (``solver="torch"``)."""
+    route_of = functools.partial(_graph_route, adapter=adapter, blocks=blocks, budget=budget, solver=solver)
+    return _measure(case, route_of, backend, None, torch_compile_kwargs)
 
 
 def with_and_without_pass(
@@ -227,7 +289,8 @@ def with_and_without_pass(
     result has no loss.
     """
     baseline = _Recorder()
-    ours = _measure(case, True, adapter, blocks, retain, "aot_eager", baseline, torch_compile_kwargs)
+    route_of = functools.partial(_graph_route, adapter=adapter, blocks=blocks, retain=retain)
+    ours = _measure(case, route_of, "aot_eager", baseline, torch_compile_kwargs)
     return baseline.result(None), ours
 
 
@@ -255,4 +318,51 @@ def compare_routes(
         case = make_case()
         apply_activation_checkpointing(case.model, policy, adapter=adapter, blocks=blocks)
         results[f"eager {policy.name}"] = compiled_activations(case, backend=backend)
+    return results
+
+
+@dataclass(frozen=True)
+class BudgetComparison:
+    """One memory budget on the compiled route, solved both ways on the same model and inputs: ``plan`` (ac-core's,
+    with its predicted held-for-backward and recompute), ``ours`` (the plan's decisions in the graph pass) and
+    ``torch`` (torch's ``activation_memory_budget`` at the same fraction of none), each measured."""
+
+    budget: float | int | str
+    plan: Any  # ac_core.budget.CheckpointPlan: not imported here, the planner is optional to this module
+    ours: CompiledActivations
+    torch: CompiledActivations
+
+    @property
+    def recompute_ratio(self) -> float | None:
+        """ac-core's recompute FLOPs over torch's (below 1: ac-core recomputes less); None where torch's are 0."""
+        return self.ours.recompute_flops / self.torch.recompute_flops if self.torch.recompute_flops else None
+
+
+def compare_budgets(
+    make_case: Callable[[], ModelCase],
+    budgets: Sequence[float | int | str],
+    *,
+    adapter: Any = None,
+    blocks: Sequence[str] | None = None,
+    backend: str = "aot_eager",
+) -> list[BudgetComparison]:
+    """For each budget, ac-core's plan and torch's ``activation_memory_budget`` compiled on fresh cases from
+    ``make_case`` (which must build the same model each time) and measured side by side."""
+    from ..budget import Budget, plan_activation_checkpointing
+
+    results = []
+    for budget in budgets:
+        case = make_case()
+        plan = plan_activation_checkpointing(case.model, dict(case.inputs), budget, adapter=adapter, blocks=blocks)
+        ours = budget_activations(case, plan, adapter=adapter, blocks=blocks, backend=backend)
+        other = make_case()
+        theirs = budget_activations(
+            other,
+            Budget(budget, example_inputs=dict(other.inputs)),
+            solver="torch",
+            adapter=adapter,
+            blocks=blocks,
+            backend=backend,
+        )
+        results.append(BudgetComparison(budget, plan, ours, theirs))
     return results

@@ -45,6 +45,18 @@ class CompiledOpCounter(OpCounter):
     every aten op of an ``aot_eager`` graph, the ops an inductor graph calls out to (such as SDPA).
     """
 
+    # A recomputed random op reaches the mode wrapped in a higher-order op that replays its RNG state
+    # (run_and_save_rng_state / run_with_rng_state): counted as the op it wraps.
+    supports_higher_order_operators = True
+
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not isinstance(func, torch._ops.HigherOrderOperator):
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        inner = next((a for a in args[:2] if isinstance(a, torch._ops.OpOverload)), func)
+        phase = self.backward if torch._C._current_graph_task_id() != -1 else self.forward
+        phase[inner.name()] += 1
+        return func(*args, **(kwargs or {}))

@@ -72,3 +72,24 @@ class no_offload(_Counter):  # a context manager, lower case like torch.no_grad
 
     def __init__(self) -> None:
         super().__init__("no_offload")
+
+
+class lift_no_offload:  # a context manager, lower case like no_offload
+    """Saves in this region may move even inside :func:`no_offload` (a ``no_offload`` entered in it still holds).
+
+    For a checkpoint plan with offload: it keeps the whole model on the device and lifts that around the
+    checkpoint calls of the blocks it chose, so that their inputs, and nothing else, go to the host.
+    """
+
+    __slots__ = ("_outer",)
+
+    def __init__(self) -> None:
+        self._outer = 0
+
+    def __enter__(self) -> None:
+        if not torch.compiler.is_compiling():
+            self._outer, _state.no_offload = _state.no_offload, 0
+
+    def __exit__(self, *exc: object) -> None:
+        if not torch.compiler.is_compiling():
+            _state.no_offload = self._outer

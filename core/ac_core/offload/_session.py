@@ -16,7 +16,7 @@ import collections
 import sys
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -35,6 +35,28 @@ StorageKey = tuple[torch.device, int]
 
 def storage_key(t: torch.Tensor) -> StorageKey:
     return t.device, t.untyped_storage().data_ptr()
+
+
+def kept_reason(t: torch.Tensor, min_bytes: int, alive: Callable[[torch.Tensor], Kept | None]) -> Kept | None:
+    """Why a saved plain tensor ``t`` stays on its device wherever it is saved; None where it moves.
+
+    ``alive(t)``: why its storage outlives the forward anyway, if it does. One rule for the session and for the
+    memory-budget planner, which predicts what a plan's offload moves (on meta and fake tensors too).
+    """
+    if t.layout is not torch.strided:
+        return Kept.UNSUPPORTED
+    if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride(), strict=True)):
+        # An expanded view: its copy would materialize the expansion, on the host and again on return.
+        return Kept.UNSUPPORTED
+    base = t._base if t._is_view() and t._base is not None else t
+    if isinstance(t, nn.Parameter) or isinstance(base, nn.Parameter) or (base.is_leaf and base.requires_grad):
+        return Kept.PARAMETER
+    reason = alive(t)
+    if reason is not None:
+        return reason
+    if t.numel() * t.element_size() < min_bytes:
+        return Kept.SMALL
+    return None
 
 
 def _modified(shape: torch.Size, saved: int, now: int) -> RuntimeError:
@@ -142,22 +164,12 @@ class OffloadSession(torch.autograd.graph.saved_tensors_hooks):
     def _kept_reason(self, t: torch.Tensor) -> Kept | None:
         if _regions.in_no_offload():
             return Kept.NO_OFFLOAD
-        if type(t) not in _PLAIN or t.layout is not torch.strided:
+        if type(t) not in _PLAIN:
             return Kept.UNSUPPORTED
-        if any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride(), strict=True)):
-            # An expanded view: its copy would materialize the expansion, on the host and again on return.
-            return Kept.UNSUPPORTED
-        base = t._base if t._is_view() and t._base is not None else t
-        if isinstance(t, nn.Parameter) or isinstance(base, nn.Parameter) or (base.is_leaf and base.requires_grad):
-            return Kept.PARAMETER
-        reason = self._alive.get(storage_key(t))
-        if reason is not None:
-            return reason
-        if t.numel() * t.element_size() < self.config.min_bytes:
-            return Kept.SMALL
-        if _regions.in_checkpoint_inputs() and not self.config.checkpoint_inputs:
+        reason = kept_reason(t, self.config.min_bytes, lambda t: self._alive.get(storage_key(t)))
+        if reason is None and _regions.in_checkpoint_inputs() and not self.config.checkpoint_inputs:
             return Kept.CHECKPOINT_INPUT
-        return None
+        return reason
 
     def _pack(self, t: torch.Tensor) -> _KeptSave | _Offloaded:
         reason = self._kept_reason(t)
