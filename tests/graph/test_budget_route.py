@@ -161,3 +161,12 @@ def test_occurrences_count_per_call_of_a_block():
     # The second Linear of each call: its second addmm, in both calls.
     assert tags["found"] == (2, 0)
     assert tags["kept"] == ["addmm_1", "addmm_3"]
+
+
+def test_the_compiled_model_refuses_inputs_of_other_shapes():
+    case, plan = _plan(0.5)
+    model = ac_core.compile(case.model, plan, blocks=BLOCKS, backend="aot_eager")
+    model(case.inputs["x"]).sum().backward()  # by position as well as by keyword
+    longer = toy_case(tokens=64)
+    with pytest.raises(ValueError, match=r"made for inputs \(x: \[2, 32, 64\] float32\) and got \(0: \[2, 64, 64\]"):
+        model(longer.inputs["x"])

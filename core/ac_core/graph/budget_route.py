@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from torch import nn
 
 from ..budget import Budget, CheckpointPlan, parse_budget, plan_activation_checkpointing
+from ..budget.profile import describe_signature, signature
 from ..plan import resolve_blocks
 from ..policies import PolicyConfig, select
 from ..spec import AdapterSpec
@@ -57,8 +59,9 @@ def budget_route(
     solver: str,
     adapter: AdapterSpec | str | None,
     blocks: Sequence[str] | None,
-) -> GraphRoute:
-    """``route`` (from :func:`prepare_graph_route`, eager checkpointing already off ``model``) following ``config``.
+) -> tuple[GraphRoute, CheckpointPlan]:
+    """``route`` (from :func:`prepare_graph_route`, eager checkpointing already off ``model``) following ``config``,
+    and the plan behind it.
 
     A :class:`CheckpointPlan` is checked against the model's class and block layout as the eager verb checks
     it. A :class:`Budget` is planned on the model at its ``example_inputs``; with ``solver="torch"`` the plan
@@ -75,7 +78,7 @@ def budget_route(
                 "ac_core.Budget(memory_budget, example_inputs=...) with solver='torch'"
             )
         select(config, resolve_blocks(model, adapter, blocks))  # refuses another class or layout, naming it
-        return dataclasses.replace(route, plan=decisions(config))
+        return dataclasses.replace(route, plan=decisions(config)), config
     assert isinstance(config, Budget) and config.memory_budget is not None  # both checked by Budget itself
     plan = plan_activation_checkpointing(
         model, config.example_inputs, config.memory_budget, adapter=adapter, blocks=blocks
@@ -83,6 +86,31 @@ def budget_route(
     if solver == "torch":
         fraction = _torch_fraction(config, plan)
         logger.info("ac-core: torch's activation_memory_budget = %.4f for this compile", fraction)
-        return dataclasses.replace(route, memory_budget=fraction)
+        return dataclasses.replace(route, memory_budget=fraction), plan
     logger.info("ac-core: budget plan for the compiled route\n%s", plan)
-    return dataclasses.replace(route, plan=decisions(plan))
+    return dataclasses.replace(route, plan=decisions(plan)), plan
+
+
+class _PlannedInputs:
+    """A forward pre-hook on the compiled module: refuses inputs of other shapes than the plan was made for.
+
+    Eager plans check each block's inputs; compiled blocks cannot (the check would cost a graph break), so the
+    compiled module checks the model's. A hook on torch.compile's module runs outside the compiled code.
+    Positions and keywords are not compared (a caller may pass by either), only the tensors' shapes and dtypes.
+    """
+
+    def __init__(self, plan: CheckpointPlan) -> None:
+        self.planned = plan.inputs
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        got = signature(args, kwargs)
+        if sorted(s[1:] for s in got) != sorted(s[1:] for s in self.planned):
+            raise ValueError(
+                f"this compiled model's checkpoint plan was made for inputs ({describe_signature(self.planned)}) "
+                f"and got ({describe_signature(got)}); plan again at these inputs and compile again"
+            )
+
+
+def refuse_other_inputs(compiled: nn.Module, plan: CheckpointPlan) -> None:
+    """Make ``compiled`` refuse inputs of other shapes than ``plan``'s (see :class:`_PlannedInputs`)."""
+    compiled.register_forward_pre_hook(_PlannedInputs(plan), with_kwargs=True)

@@ -324,7 +324,7 @@ def compile(
     if isinstance(retain, (str, bytes)):
         raise TypeError(f"retain takes a collection of ops, e.g. {{{retain!r}}}, not a single string")
     config = policy_config(checkpointing_type, n_layer)
-    from .budget_route import budget_route, is_budget_config
+    from .budget_route import budget_route, is_budget_config, refuse_other_inputs
 
     budgeted = is_budget_config(config)
     if solver != "ac-core" and not budgeted:
@@ -335,14 +335,19 @@ def compile(
         return _compiled(torch.compile(model, backend=backend, options=options, **torch_compile_kwargs))
 
     route = prepare_graph_route(model, adapter, blocks, {*getattr(config, "retain", ()), *retain})
+    plan = None
     if budgeted:
-        route = budget_route(model, config, route, solver, adapter, blocks)
+        route, plan = budget_route(model, config, route, solver, adapter, blocks)
     if backend == "aot_eager":
-        return _compiled(torch.compile(model, backend=route.aot_eager(), **torch_compile_kwargs))
-    mode = torch_compile_kwargs.pop("mode", None)
-    if mode is not None:  # torch.compile takes mode or options, not both: spell the mode as options
-        from torch._inductor import list_mode_options
+        compiled = _compiled(torch.compile(model, backend=route.aot_eager(), **torch_compile_kwargs))
+    else:
+        mode = torch_compile_kwargs.pop("mode", None)
+        if mode is not None:  # torch.compile takes mode or options, not both: spell the mode as options
+            from torch._inductor import list_mode_options
 
-        options = {**list_mode_options(mode, torch_compile_kwargs.get("dynamic")), **(options or {})}
-    compiled = torch.compile(model, backend="inductor", options=route.inductor_options(options), **torch_compile_kwargs)
-    return _compiled(compiled)
+            options = {**list_mode_options(mode, torch_compile_kwargs.get("dynamic")), **(options or {})}
+        inductor_options = route.inductor_options(options)
+        compiled = _compiled(torch.compile(model, backend="inductor", options=inductor_options, **torch_compile_kwargs))
+    if plan is not None:
+        refuse_other_inputs(compiled, plan)
+    return compiled

@@ -254,7 +254,7 @@ def _graph_route(
         return route
     from ..graph.budget_route import budget_route
 
-    return budget_route(model, budget, route, solver, adapter, blocks)
+    return budget_route(model, budget, route, solver, adapter, blocks)[0]
 
 
 def budget_activations(
