@@ -120,3 +120,11 @@ def test_model_blocks():
         model_blocks(torch.nn.Linear(2, 2))
     with pytest.raises(TypeError, match="list of container paths"):
         model_blocks(model, blocks="layers")
+
+
+def test_nans_in_the_same_places_are_equal_and_a_nan_against_a_number_is_not():
+    reference = {"w": torch.tensor([1.0, float("nan"), 3.0])}
+    same = compare_grads({"w": torch.tensor([1.0, float("nan"), 3.0])}, reference)
+    assert same.ok and same.max_abs_diff == 0.0
+    moved = compare_grads({"w": torch.tensor([float("nan"), 2.0, 3.0])}, reference)
+    assert not moved.ok and moved.max_abs_diff == float("inf")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -135,15 +136,20 @@ class GradCheck:
 
 
 def compare_grads(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> GradCheck:
-    """Compare two name -> gradient dicts with :data:`GRAD_TOLERANCE` for their dtype; names must match."""
+    """Compare two name -> gradient dicts with :data:`GRAD_TOLERANCE` for their dtype; names must match.
+
+    A NaN where the reference has a NaN is equal (the same computation overflowed alike: a randomly initialised
+    model at real width in bfloat16 can); a NaN against a number is an infinite difference.
+    """
     if grads.keys() != reference.keys() or not reference:
         return GradCheck(float("inf"), False)
     worst, ok = 0.0, True
     for name, ref in reference.items():
         got = grads[name]
         rtol, atol = GRAD_TOLERANCE.get(ref.dtype, GRAD_TOLERANCE[torch.float32])
-        worst = max(worst, (got.float() - ref.float()).abs().max().item())
-        ok = ok and torch.allclose(got, ref, rtol=rtol, atol=atol)
+        diff = (got.float() - ref.float()).abs().masked_fill(got.isnan() & ref.isnan(), 0.0)
+        worst = max(worst, diff.nan_to_num(nan=math.inf).max().item())
+        ok = ok and torch.allclose(got, ref, rtol=rtol, atol=atol, equal_nan=True)
     return GradCheck(worst, ok)
 
 
