@@ -30,12 +30,17 @@ def recomputes_attention(policy: PolicyConfig) -> bool:
     return not isinstance(policy, Ops)
 
 
+def _is_set(value: object, default: object) -> bool:
+    return value is not default if isinstance(value, bool) else bool(value)
+
+
 def label(policy: PolicyConfig) -> str:
-    """``full``, ``block_skip(every=2)``: the name with the fields that are set, for messages."""
+    """``full``, ``block_skip(every=2)``, ``full(preserve_rng_state=False)``: the name with the fields that are set
+    (a switch where it is off its default), for messages."""
     fields = ", ".join(
-        f"{field.name}={value!r}"
+        f"{field.name}={getattr(policy, field.name)!r}"
         for field in dataclasses.fields(policy)  # type: ignore[arg-type]  # configs are dataclasses
-        if (value := getattr(policy, field.name))
+        if _is_set(getattr(policy, field.name), field.default)
     )
     return f"{policy.name}({fields})" if fields else policy.name
 

@@ -66,10 +66,15 @@ from .warnings import reset_warnings
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .budget import Budget, CheckpointPlan, plan_activation_checkpointing
+    from .budget import Budget, CheckpointPlan, plan_activation_checkpointing, profile_step
 
 # The memory-budget policy profiles with the measurement tools: imported (and registered) on first use.
-_LAZY = {"Budget": "budget", "CheckpointPlan": "budget", "plan_activation_checkpointing": "budget"}
+_LAZY = {
+    "Budget": "budget",
+    "CheckpointPlan": "budget",
+    "plan_activation_checkpointing": "budget",
+    "profile_step": "budget",
+}
 
 
 def __getattr__(name: str) -> object:
@@ -86,6 +91,7 @@ __all__ = [  # noqa: RUF022  # the lazy names first
     "Budget",
     "CheckpointPlan",
     "plan_activation_checkpointing",
+    "profile_step",
     "DEFAULT_RETAINED_OPS",
     "DEFAULT_SAC_SAVE_OPS",
     "ENTRY_POINT_GROUP",

@@ -14,43 +14,15 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 from . import _chain, library_checkpointing
+from ._recompute import BlockCall
 from .offload import _regions as offload_regions
-from .ops import BlockRetention, draws_random, selective_context, warn_nothing_retained
+from .ops import BlockRetention, selective_context, warn_nothing_retained
 from .policy import CheckpointType
 
 KIND = "checkpoint"
-
-
-def _has_active_randomness(block: nn.Module) -> bool:
-    # Dropout modules and the attention-dropout floats that transformers/diffusers pass to SDPA.
-    for module in block.modules():
-        if not module.training:
-            continue
-        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
-            return True
-        for attr in ("attention_dropout", "dropout_p"):
-            value = getattr(module, attr, None)
-            if isinstance(value, float) and value > 0:
-                return True
-    return False
-
-
-class _RandomOps(TorchDispatchMode):
-    """Notes whether any op that draws from the random generator runs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen = False
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if not self.seen and draws_random(func, args, kwargs):
-            self.seen = True
-        return func(*args, **kwargs)
 
 
 def _call_by_position(call_next: Callable[..., Any], names: tuple[str, ...], *args: Any) -> Any:
@@ -58,9 +30,18 @@ def _call_by_position(call_next: Callable[..., Any], names: tuple[str, ...], *ar
     return call_next(*args[:split], **dict(zip(names, args[split:], strict=True)))
 
 
-def _checkpoint(call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any], **options: Any) -> Any:
-    """torch.utils.checkpoint of the rest of the chain, marked as a checkpoint for activation offload."""
-    if torch.compiler.is_compiling() or not offload_regions.session_active():
+def _checkpoint(
+    module: nn.Module, path: str, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any], **options: Any
+) -> Any:
+    """torch.utils.checkpoint of the rest of the chain, marked as a checkpoint for activation offload.
+
+    Eagerly the chain runs as a :class:`~ac_core._recompute.BlockCall`: it refuses a forward that changes its
+    inputs in place, leaves the block's buffers as the forward left them after each recompute, and names the
+    block where recompute fails."""
+    if torch.compiler.is_compiling():
+        return checkpoint(call_next, *args, use_reentrant=False, **options, **kwargs)
+    call_next = BlockCall(call_next, module, path)
+    if not offload_regions.session_active():
         return checkpoint(call_next, *args, use_reentrant=False, **options, **kwargs)
     # checkpoint keeps keyword arguments in a closure, out of reach of saved-tensor hooks; passed by
     # position they are saved like the others, so offload can move them (checkpoint_inputs).
@@ -74,6 +55,10 @@ class CheckpointLayer(_chain.ForwardLayer):
 
     ``expects_attention`` is False for a block its adapter declares attention-free (e.g. a conv block):
     under ``ops`` such a block retains nothing by design, which is not worth a warning.
+    ``preserve_rng_state``: keep the RNG state of every call and replay it in recompute, as torch does by
+    default. Only the policy's explicit opt-out turns it off: whether a call draws random numbers is not
+    known before it runs (a dropout rate warmed up from 0 draws nothing at first), and recompute without the
+    state it drew from gives other masks, hence other gradients.
     """
 
     kind = KIND
@@ -88,6 +73,7 @@ class CheckpointLayer(_chain.ForwardLayer):
         expects_attention: bool = True,
         *,
         root: nn.Module | None = None,
+        preserve_rng_state: bool = True,
     ) -> None:
         self.policy = policy
         self.retained = retained
@@ -98,23 +84,7 @@ class CheckpointLayer(_chain.ForwardLayer):
         # forward finds it on the way from there to the block and turns it off again.
         self.root = library_checkpointing.ModuleRef(root)
         self.segments: tuple[str, ...] = tuple(path.split(".")) if path else ()
-        # Training mode -> whether the block's first forward in that mode ran a random op.
-        self.random_ops: dict[bool, bool] = {}
-
-    def _rng_options(self, module: nn.Module) -> tuple[bool, _RandomOps | None]:
-        """(preserve_rng_state, detector to run this call under, if any).
-
-        RNG state is kept as torch keeps it by default, and skipped only where the block's first forward
-        in this training mode ran no random op, checked at the dispatcher (a dropout with p in a plain
-        attribute, F.dropout, torch.rand for stochastic depth all count), and no dropout module has
-        since been switched on. Keeping it copies the generator state of each device per call.
-        """
-        if torch.compiler.is_compiling():
-            return True, None
-        seen = self.random_ops.get(module.training)
-        if seen is None:
-            return True, _RandomOps()
-        return seen or _has_active_randomness(module), None
+        self.preserve_rng_state = preserve_rng_state
 
     def forward(self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         if not torch.compiler.is_compiling():
@@ -124,28 +94,23 @@ class CheckpointLayer(_chain.ForwardLayer):
                 library_checkpointing.keep_ours(root, module, found, str(self.policy))
         if not torch.is_grad_enabled():
             return call_next(*args, **kwargs)
-        preserve_rng, detector = self._rng_options(module)
-        if detector is not None:
-            with detector:
-                out = self._run(module, call_next, args, kwargs, preserve_rng)
-            self.random_ops[module.training] = detector.seen
-            return out
-        return self._run(module, call_next, args, kwargs, preserve_rng)
+        return self._run(module, call_next, args, kwargs)
 
-    def _run(
-        self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any], preserve_rng: bool
-    ) -> Any:
+    def _run(self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        rng = self.preserve_rng_state
         if self.policy is not CheckpointType.OPS:
-            return _checkpoint(call_next, args, kwargs, preserve_rng_state=preserve_rng)
+            return _checkpoint(module, self.path, call_next, args, kwargs, preserve_rng_state=rng)
         if torch.compiler.is_compiling():
             # Under torch.compile context_fn must be a partial of constants, so nothing is recorded.
             context_fn = functools.partial(selective_context, self.retained, self.path)
-            return _checkpoint(call_next, args, kwargs, preserve_rng_state=preserve_rng, context_fn=context_fn)
+            return _checkpoint(
+                module, self.path, call_next, args, kwargs, preserve_rng_state=rng, context_fn=context_fn
+            )
         # torch 2.13 no longer calls the policy during recompute, so a block that retained nothing
         # is detected here, right after its forward, from what the policy saw.
         record = BlockRetention()
         context_fn = functools.partial(selective_context, self.retained, self.path, record)
-        out = _checkpoint(call_next, args, kwargs, preserve_rng_state=preserve_rng, context_fn=context_fn)
+        out = _checkpoint(module, self.path, call_next, args, kwargs, preserve_rng_state=rng, context_fn=context_fn)
         if not record.retained and self.expects_attention:
             warn_nothing_retained(type(module).__name__, record)
         return out

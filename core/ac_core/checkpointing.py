@@ -16,7 +16,7 @@ from .library_checkpointing import disable_library_checkpointing
 from .offload import OffloadConfig
 from .offload import model as offload_model
 from .plan import BlockPlan, resolve_blocks
-from .policies import PolicyConfig, policy_config, select
+from .policies import PolicyConfig, containers_for, policy_config, select
 from .policy import CheckpointType
 from .spec import AdapterSpec
 
@@ -57,7 +57,7 @@ def apply_activation_checkpointing(
     config = policy_config(checkpointing_type, n_layer, retain)
     if offload is not None and not isinstance(offload, OffloadConfig):
         raise TypeError(f"offload takes an OffloadConfig, e.g. OffloadConfig(min_tokens=32768); got {offload!r}")
-    plan = resolve_blocks(model, adapter, blocks)
+    plan = resolve_blocks(model, adapter, containers_for(config, adapter, blocks))
     selected = select(config, plan)
     check_foreign_wrappers(model)
     prepared_offload = offload_model.prepare(plan, offload) if offload is not None else None
@@ -71,7 +71,12 @@ def apply_activation_checkpointing(
         for choice in selected:
             make_layer = choice.layer or _checkpoint.CheckpointLayer  # a policy with a layer of its own (a plan)
             layer = make_layer(
-                choice.kind, choice.retained, choice.block.path, choice.block.expects_attention, root=model
+                choice.kind,
+                choice.retained,
+                choice.block.path,
+                choice.block.expects_attention,
+                root=model,
+                preserve_rng_state=choice.preserve_rng_state,
             )
             _checkpoint.install(choice.block.module, layer)
         if prepared_offload is not None:

@@ -15,7 +15,7 @@ from .plan import BlockPlan
 # Decoder layers of transformers 5 derive from this class; its name is enough, nothing is imported.
 _TRANSFORMERS_LAYER_BASE = "GradientCheckpointingLayer"
 
-_CONTAINER_TYPES = (nn.ModuleList, nn.Sequential)
+_CONTAINER_TYPES = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
 
 def block_classes(plan: BlockPlan) -> frozenset[str]:
@@ -36,7 +36,7 @@ def _inside(fqn: str, prefixes: set[str]) -> bool:
 
 
 def undeclared_containers(plan: BlockPlan) -> dict[str, str]:
-    """FQN -> "ClassName at fqn.i" of each ModuleList (or Sequential) holding blocks that the plan neither
+    """FQN -> "ClassName at fqn.i" of each ModuleList (ModuleDict, Sequential) holding blocks that the plan neither
     checkpoints nor declares excluded."""
     classes = block_classes(plan)
     known = {c.path for c in plan.containers} | {fqn for e in plan.excluded for fqn, _ in e.modules}

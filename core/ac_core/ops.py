@@ -11,8 +11,9 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy
 
+from ._sac import selective_contexts
 from .spec import is_collective
 from .warnings import warn_once
 
@@ -183,7 +184,7 @@ def selective_context(retained: frozenset[str], block: str = "", record: BlockRe
     Bound with functools.partial (not a closure) because torch.compile accepts only a plain
     function or a partial of constants as ``context_fn``.
     """
-    return create_selective_checkpoint_contexts(functools.partial(_policy, retained, block, record))
+    return selective_contexts(functools.partial(_policy, retained, block, record))
 
 
 def warn_nothing_retained(block: str, record: BlockRetention) -> None:

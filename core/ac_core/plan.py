@@ -18,7 +18,14 @@ from .registry import get_adapter, unwrap_model
 from .spec import AdapterSpec, ModelSpec
 from .versions import check_version
 
-_CONTAINER_TYPES = (nn.ModuleList, nn.Sequential)
+_CONTAINER_TYPES = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+# These have no forward of their own, so one holds blocks but never is one.
+_UNCALLABLE = (nn.ModuleList, nn.ModuleDict)
+
+
+def _inner_container(container: nn.Module) -> str | None:
+    """The name of the first child of ``container`` that is a ModuleList or ModuleDict, if any."""
+    return next((name for name, child in container.named_children() if isinstance(child, _UNCALLABLE)), None)
 
 
 def _block_like(container: nn.Module) -> bool:
@@ -28,12 +35,21 @@ def _block_like(container: nn.Module) -> bool:
 
 
 def module_lists(model: nn.Module) -> list[str]:
-    """FQNs of every ModuleList/Sequential in ``model``, the candidates for ``blocks=``: lists of repeated blocks
-    first, then the small inner ones (``attn.to_out``, ``ff.net``) outside them."""
-    lists = [(name, m) for name, m in model.named_modules() if name and isinstance(m, _CONTAINER_TYPES)]
+    """FQNs of every ModuleList/ModuleDict/Sequential in ``model`` that holds no such container, the candidates
+    for ``blocks=``: containers of repeated blocks first, then the small inner ones (``attn.to_out``, ``ff.net``)
+    outside them."""
+    lists = [
+        (name, m)
+        for name, m in model.named_modules()
+        if name and isinstance(m, _CONTAINER_TYPES) and _inner_container(m) is None
+    ]
     blocks = [name for name, m in lists if _block_like(m)]
     inside = tuple(f"{name}." for name in blocks)
     return blocks + [name for name, m in lists if name not in blocks and not name.startswith(inside)]
+
+
+def _containers_of(model: nn.Module) -> str:
+    return f"{type(model).__name__}'s block containers are {module_lists(model) or 'none'}"
 
 
 def _did_you_mean(path: str, model: nn.Module) -> str:
@@ -64,7 +80,9 @@ def modules_at(model: nn.Module, path: str) -> list[tuple[str, nn.Module]] | Non
 
 @dataclass(frozen=True, eq=False)
 class Block:
-    """One block: its FQN, the module, its index in its container, and whether it is expected to run attention.
+    """One block: its FQN, the module, its position in its container, and whether it is expected to run attention.
+
+    A block of a ModuleDict keeps its key in its FQN (``layers.0``, ``layers.my_key``).
 
     ``expects_attention`` is False where the adapter declares the block class attention-free (0 calls):
     ``ops`` retains nothing there by design, which is not worth a warning.
@@ -83,7 +101,7 @@ class Block:
 
 @dataclass(frozen=True, eq=False)
 class Container:
-    """A ModuleList (or Sequential) of blocks, by FQN."""
+    """A ModuleList, ModuleDict (its values) or Sequential of blocks, by FQN."""
 
     path: str
     blocks: tuple[Block, ...]
@@ -148,8 +166,7 @@ def _not_served(adapter: AdapterSpec, model: nn.Module) -> AdapterError:
     wrapped = "".join(f", wrapping {type(inner).__name__} at {path!r}" for path, inner in unwrap_model(model)[1:])
     return AdapterError(
         f"adapter {adapter.name!r} does not serve {type(model).__name__}{wrapped} (it serves {served}); pass the "
-        f"right adapter, or name the containers with blocks=[...] (FQNs in the model you pass; its ModuleLists are "
-        f"{module_lists(model) or 'none'})"
+        f"right adapter, or name the containers with blocks=[...] (FQNs in the model you pass; {_containers_of(model)})"
     )
 
 
@@ -189,13 +206,22 @@ def _containers(
         if resolved is None:
             raise AdapterError(
                 f"{source} names block container {path!r}, which {type(model).__name__} does not have; "
-                f"its ModuleLists are {module_lists(model) or 'none'}.{_did_you_mean(path, model)}"
+                f"{_containers_of(model)}.{_did_you_mean(path, model)}"
             )
         for fqn, container in resolved:
             if not isinstance(container, _CONTAINER_TYPES):
+                # "layers.*" over a ModuleDict of blocks expands into the blocks themselves.
+                whole = f"; name {path[:-2]!r} for the blocks in it" if path.endswith(".*") else ""
                 raise AdapterError(
-                    f"{source} names {fqn!r} as a block container, but it is a {type(container).__name__}, "
-                    f"not a ModuleList; {type(model).__name__}'s ModuleLists are {module_lists(model) or 'none'}"
+                    f"{source} names {fqn!r} as a block container, but it is a {type(container).__name__}, not a "
+                    f"ModuleList, ModuleDict or Sequential{whole}; {_containers_of(model)}"
+                )
+            inner = _inner_container(container)
+            if inner is not None:
+                raise AdapterError(
+                    f"{source} names {fqn!r} as a block container, but its item {inner!r} is a "
+                    f"{type(container.get_submodule(inner)).__name__}, a container rather than a block; name "
+                    f"{path + '.*'!r} for the blocks of each of its containers"
                 )
             blocks = tuple(
                 Block(f"{fqn}.{name}", block, index, fqn, type(block).__name__ not in attention_free)
@@ -249,7 +275,7 @@ def resolve_blocks(
     if not any(container.blocks for container in containers):
         raise AdapterError(
             f"{source} matched no block in {type(model).__name__} (containers {list(paths)} are empty); "
-            f"its ModuleLists are {module_lists(model) or 'none'}"
+            f"{_containers_of(model)}"
         )
     excluded = tuple(
         ExcludedModules(

@@ -8,7 +8,7 @@ handler registered with :func:`register_policy`; the verb does not change.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -28,12 +28,31 @@ class PolicyConfig:
     name: ClassVar[str]
     by_name: ClassVar[bool] = True
 
+    def own_containers(self) -> tuple[str, ...] | None:
+        """The block containers (FQNs) this config was made for, applied where the caller names neither
+        ``adapter=`` nor ``blocks=`` (a plan made with ``blocks=``); None: the adapter's, as for any policy."""
+        return None
+
+
+def _check_rng_flag(config: PolicyConfig, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{type(config).__name__}(preserve_rng_state=...) takes True or False, got {value!r}")
+
 
 @dataclass(frozen=True)
 class Full(PolicyConfig):
-    """Checkpoint every block of every container, each on its own; backward recomputes each block."""
+    """Checkpoint every block of every container, each on its own; backward recomputes each block.
 
+    ``preserve_rng_state=False`` (likewise on :class:`Ops` and :class:`BlockSkip`) skips keeping and replaying the
+    RNG state of each checkpointed call: only for models that draw no random number in their blocks, ever (a
+    dropout rate warmed up from 0 draws later); recompute then draws other masks than the forward did.
+    """
+
+    preserve_rng_state: bool = True
     name: ClassVar[str] = "full"
+
+    def __post_init__(self) -> None:
+        _check_rng_flag(self, self.preserve_rng_state)
 
 
 @dataclass(frozen=True)
@@ -45,9 +64,11 @@ class Ops(PolicyConfig):
     """
 
     retain: frozenset[str] = frozenset()
+    preserve_rng_state: bool = True
     name: ClassVar[str] = "ops"
 
     def __post_init__(self) -> None:
+        _check_rng_flag(self, self.preserve_rng_state)
         object.__setattr__(self, "retain", check_op_names(self.retain, "Ops(retain=...)"))
 
 
@@ -56,9 +77,11 @@ class BlockSkip(PolicyConfig):
     """Fully checkpoint the blocks whose index in their container is a multiple of ``every``."""
 
     every: int = 2
+    preserve_rng_state: bool = True
     name: ClassVar[str] = "block_skip"
 
     def __post_init__(self) -> None:
+        _check_rng_flag(self, self.preserve_rng_state)
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
             raise ValueError(
                 f"BlockSkip(every=...) must be an int >= 1 (checkpoint every n-th block), got {self.every!r}"
@@ -71,12 +94,15 @@ class BlockSelection:
 
     ``layer`` builds the block's checkpoint layer where the policy needs its own (called with the arguments
     of :class:`~ac_core._checkpoint.CheckpointLayer`); None installs a CheckpointLayer.
+    ``preserve_rng_state``: keep each call's RNG state for recompute (torch's default); False only where the
+    user's config asked for it.
     """
 
     block: Block
     kind: CheckpointType
     retained: frozenset[str] = frozenset()
     layer: Callable[..., Any] | None = None
+    preserve_rng_state: bool = True
 
 
 C = TypeVar("C", bound=PolicyConfig)
@@ -159,6 +185,11 @@ def policy_config(
     return _by_name[name]()
 
 
+def containers_for(config: PolicyConfig, adapter: object, blocks: Sequence[str] | None) -> Sequence[str] | None:
+    """The ``blocks=`` to resolve ``config`` with: the caller's, else (no adapter named either) the config's own."""
+    return config.own_containers() if blocks is None and adapter is None else blocks
+
+
 def select(config: PolicyConfig, plan: BlockPlan) -> list[BlockSelection]:
     """The blocks ``config``'s handler checkpoints in ``plan``."""
     return _handlers[type(config)](config, plan)
@@ -172,15 +203,23 @@ def retained_ops(plan: BlockPlan, extra: Iterable[str] = ()) -> frozenset[str]:
 
 @register_policy(Full)
 def _full(config: Full, plan: BlockPlan) -> list[BlockSelection]:
-    return [BlockSelection(block, CheckpointType.FULL) for block in plan]
+    rng = config.preserve_rng_state
+    return [BlockSelection(block, CheckpointType.FULL, preserve_rng_state=rng) for block in plan]
 
 
 @register_policy(Ops)
 def _ops(config: Ops, plan: BlockPlan) -> list[BlockSelection]:
     kept = retained_ops(plan, config.retain)
-    return [BlockSelection(block, CheckpointType.OPS, kept) for block in plan]
+    return [
+        BlockSelection(block, CheckpointType.OPS, kept, preserve_rng_state=config.preserve_rng_state) for block in plan
+    ]
 
 
 @register_policy(BlockSkip)
 def _block_skip(config: BlockSkip, plan: BlockPlan) -> list[BlockSelection]:
-    return [BlockSelection(block, CheckpointType.FULL) for block in plan if block.index % config.every == 0]
+    rng = config.preserve_rng_state
+    return [
+        BlockSelection(block, CheckpointType.FULL, preserve_rng_state=rng)
+        for block in plan
+        if block.index % config.every == 0
+    ]

@@ -160,8 +160,9 @@ class ModelSpec:
     """One model class an adapter serves.
 
     ``cls`` is an import string (``"diffusers.FluxTransformer2DModel"`` or the full module path).
-    ``containers`` are dotted paths from the model to ModuleLists of blocks; a ``*`` segment
-    stands for every child of a ModuleDict (``"mode_blocks.*"``). ``attention_calls`` maps each
+    ``containers`` are dotted paths from the model to ModuleLists, ModuleDicts (torchtitan's ``layers``)
+    or Sequentials of blocks; a ``*`` segment stands for every child of a ModuleDict of such containers
+    (``"mode_blocks.*"``). A block's index is its position in its container. ``attention_calls`` maps each
     block class name to the attention calls one forward of it makes: an int, or, where blocks of one
     class make different numbers of calls (SD3.5's ``dual_attention_layers``), a mapping from the
     block's index in its container to its calls, as the tiny model lays them out (``{0: 2, 1: 1}``;

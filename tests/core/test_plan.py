@@ -82,7 +82,7 @@ def test_a_missing_container_lists_block_lists_first_and_suggests_the_near_name(
     with pytest.raises(AdapterError) as info:
         resolve_blocks(model, blocks=["layer"])
     message = str(info.value)
-    assert "its ModuleLists are ['layers']." in message  # not padded with layers.0.mlp ...
+    assert "ToyTransformer's block containers are ['layers']." in message  # not padded with layers.0.mlp ...
     assert message.endswith("Did you mean 'layers'?")
 
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ac_core import DEFAULT_RETAINED_OPS, CheckpointType, apply_activation_checkpointing, checkpointed_blocks
+from ac_core import (
+    DEFAULT_RETAINED_OPS,
+    BlockSkip,
+    CheckpointType,
+    Full,
+    Ops,
+    apply_activation_checkpointing,
+    checkpointed_blocks,
+)
 from ac_core.measure import OpCounter
 from ac_core.testing import toy_case
 
@@ -101,7 +109,7 @@ def test_dropout_block_gets_the_plain_gradients(kind):
     assert not torch.equal(run(False, seed=99)[0], plain[0])
 
 
-def test_rng_state_is_preserved_only_where_randomness_is_live(monkeypatch):
+def test_rng_state_is_kept_on_every_call_unless_the_config_opts_out(monkeypatch):
     import torch.utils.checkpoint as tuc
 
     seen: list[bool] = []
@@ -112,13 +120,19 @@ def test_rng_state_is_preserved_only_where_randomness_is_live(monkeypatch):
         return original(*args, preserve_rng_state=preserve_rng_state, **kwargs)
 
     monkeypatch.setattr("ac_core._checkpoint.checkpoint", spy)
-    for dropout, training, expected in [(0.0, True, False), (0.3, True, True), (0.3, False, False)]:
+    cases = [(0.0, True, "full", True), (0.3, False, Ops(), True), (0.0, True, Full(preserve_rng_state=False), False)]
+    cases.append((0.3, True, BlockSkip(every=1, preserve_rng_state=False), False))
+    for dropout, training, policy, expected in cases:
         case = toy_case(depth=2, dropout=dropout)
         case.model.train(training)
-        apply_activation_checkpointing(case.model, "full", blocks=["layers"])
-        seen.clear()
-        case.run().backward()
-        assert seen == [True, True], (dropout, training)  # a block's first forward keeps it, as torch does
-        seen.clear()
-        case.run().backward()
-        assert seen == [expected, expected], (dropout, training)
+        apply_activation_checkpointing(case.model, policy, blocks=["layers"])
+        for _ in range(2):  # never inferred from an earlier call: a block with no randomness yet may draw later
+            seen.clear()
+            case.run().backward()
+            assert seen == [expected, expected], (dropout, training, policy)
+
+
+@pytest.mark.parametrize("config", [Full, Ops, BlockSkip])
+def test_preserve_rng_state_takes_a_bool(config):
+    with pytest.raises(TypeError, match=r"preserve_rng_state=\.\.\.\) takes True or False, got 'no'"):
+        config(preserve_rng_state="no")

@@ -23,15 +23,18 @@ class _FunctionalDropout(nn.Module):
 
 
 class _DropPath(nn.Module):
-    """Stochastic depth drawn with torch.rand."""
+    """Stochastic depth drawn with torch.rand; at rate 0 it draws nothing (as timm's DropPath)."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.proj = nn.Linear(dim, dim)
+        self.p = 0.5
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        keep = (torch.rand(x.shape[0], 1, 1) > 0.5).to(x.dtype)
-        return x + self.proj(x) * keep * 2
+        if self.p == 0 or not self.training:
+            return x + self.proj(x)
+        keep = (torch.rand(x.shape[0], 1, 1) > self.p).to(x.dtype)
+        return x + self.proj(x) * keep / (1 - self.p)
 
 
 class _AttentionDropout(nn.Module):
@@ -81,3 +84,25 @@ def test_gradients_equal_plain_for_every_kind_of_randomness(block, policy):
         for e, g in zip(expected, got, strict=True):
             torch.testing.assert_close(g, e, rtol=0, atol=0)
         assert any(e.abs().sum() > 0 for e in expected)
+
+
+@pytest.mark.parametrize("block", [_FunctionalDropout, _DropPath])
+@pytest.mark.parametrize("rates", [(0.0, 0.3), (0.3, 0.0, 0.3)], ids=["warm-up from 0", "down to 0 and back"])
+@pytest.mark.parametrize("policy", [Full(), Ops(), BlockSkip(every=2)], ids=["full", "ops", "block_skip"])
+def test_gradients_equal_plain_when_the_rate_changes_between_steps(block, rates, policy):
+    # A rate warmed up from 0 draws no random number at first; later calls draw, and recompute must replay them.
+    torch.manual_seed(0)
+    plain = _Stack(block).double().train()
+    ours = _Stack(block).double().train()
+    ours.load_state_dict(plain.state_dict())
+    apply_activation_checkpointing(ours, policy, blocks=["layers"])
+    x = torch.randn(4, 8, 16, dtype=torch.float64)
+    for seed, rate in enumerate(rates):
+        for model in (plain, ours):
+            for layer in model.layers:
+                layer.p = rate
+        expected = _grads(plain, x, seed)
+        plain_rng = torch.get_rng_state()
+        got = _grads(ours, x, seed)
+        assert all(torch.equal(g, e) for e, g in zip(expected, got, strict=True)), (seed, rate)
+        assert torch.equal(torch.get_rng_state(), plain_rng), "the global RNG ends where the plain one's does"

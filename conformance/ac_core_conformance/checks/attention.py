@@ -103,12 +103,6 @@ def preferred_retainable_backend(subject: Subject, device: str) -> str:
     )
 
 
-def _index(fqn: str) -> int | None:
-    """A block's index in its container: the last segment of its FQN."""
-    last = fqn.rpartition(".")[2]
-    return int(last) if last.isdigit() else None
-
-
 def _calls_per_block(subject: Subject, backend: AttentionBackend, device: str) -> tuple[dict[str, int], int]:
     """Kernel calls of ``backend`` per declared block in one plain forward, checked against attention_calls.
 
@@ -117,11 +111,14 @@ def _calls_per_block(subject: Subject, backend: AttentionBackend, device: str) -
     """
     default = backend.name == subject.adapter.default_backend
     case = build(subject, device, backend=None if default else backend.name)
-    blocks = {block.path: block.module for block in subject.plan(case.model)}
+    plan = subject.plan(case.model)
+    blocks = {block.path: block.module for block in plan}
+    # attention_calls' per-index counts are by position in the container (a ModuleDict's keys need not be numbers).
+    index = {block.path: block.index for block in plan}
     with torch.no_grad(), OpCounter() as ran, attribute_ops(blocks, lambda op: op_matches(op, backend.ops)) as counts:
         case.run()
     per_block = {fqn: counts.get(fqn, 0) for fqn in blocks}
-    declared_calls = {fqn: subject.model.calls_of(type(b).__name__, _index(fqn)) for fqn, b in blocks.items()}
+    declared_calls = {fqn: subject.model.calls_of(type(b).__name__, index[fqn]) for fqn, b in blocks.items()}
     if not any(per_block.values()) and any(declared_calls.values()):
         # Nothing declared ran at all: the op names are wrong, not the counts (or the switch did not take).
         seen = sorted(op for op in ran.forward if is_attention_like(op))
@@ -142,7 +139,7 @@ def _calls_per_block(subject: Subject, backend: AttentionBackend, device: str) -
         cls = type(block).__name__
         declared = declared_calls[fqn]
         if declared is None and cls in subject.model.attention_calls:
-            problems.append(f"attention_calls[{cls!r}] declares nothing for block index {_index(fqn)} (at {fqn})")
+            problems.append(f"attention_calls[{cls!r}] declares nothing for block index {index[fqn]} (at {fqn})")
         elif declared is None:
             problems.append(f"attention_calls declares nothing for block class {cls} (at {fqn})")
         elif per_block[fqn] != declared:

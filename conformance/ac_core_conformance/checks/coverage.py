@@ -34,10 +34,10 @@ def check_coverage(subject: Subject, policy: Policy) -> CoverageReport:
     """Fail unless exactly the declared blocks are checkpointed and every container of blocks is declared.
 
     ``policy`` checkpoints exactly the blocks it selects from the declared containers (``full``/``ops``
-    every block, ``block_skip`` indices 0, n, 2n, ... of each); nothing else is checkpointed, excluded
-    containers included. A ModuleList holding the model's block classes, or whose elements run
-    attention outside the declared blocks, must be declared (or declared excluded): an upstream rename
-    or a new container fails here, by name.
+    every block, ``block_skip`` positions 0, n, 2n, ... of each); nothing else is checkpointed, excluded
+    containers included. A ModuleList (ModuleDict, Sequential) holding the model's block classes, or whose
+    elements run attention outside the declared blocks, must be declared (or declared excluded): an upstream
+    rename or a new container fails here, by name.
     """
     config = as_policy(policy)
     case = build(subject)
@@ -76,7 +76,7 @@ def check_coverage(subject: Subject, policy: Policy) -> CoverageReport:
     others = {
         fqn: module
         for fqn, module in model.named_modules()
-        if fqn and isinstance(module, (nn.ModuleList, nn.Sequential)) and not _inside(fqn, known)
+        if fqn and isinstance(module, (nn.ModuleList, nn.ModuleDict, nn.Sequential)) and not _inside(fqn, known)
     }
     # Static: a container whose elements are block classes.
     undeclared = undeclared_containers(plan)

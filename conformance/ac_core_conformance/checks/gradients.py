@@ -73,26 +73,43 @@ def check_gradients_with_dropout(
 RANDOM_DROP = 0.25
 """Share of features the random-op hooks zero: randomness drawn with ``torch.rand``, no dropout module."""
 
+RATE_SCHEDULES: dict[str, tuple[float, float]] = {
+    "steady": (RANDOM_DROP, RANDOM_DROP),
+    "warm-up from 0": (0.0, RANDOM_DROP),
+    "down to 0": (RANDOM_DROP, 0.0),
+}
+"""The drop rate of the random-op hooks at the first and the second step. A rate warmed up from 0 draws no
+random number at first: recompute must replay the RNG state of every call all the same."""
 
-def _drop_features(module: nn.Module, args: Any, output: Any) -> Any:
-    # Randomness ac-core cannot recognise by type: no nn.Dropout, no dropout float, only torch.rand.
-    if not isinstance(output, torch.Tensor) or not torch.is_grad_enabled():
-        return output
-    keep = torch.rand(output.shape[-1], device=output.device) >= RANDOM_DROP
-    return output * keep.to(output.dtype) / (1 - RANDOM_DROP)
+
+class RandomRate:
+    """The drop rate the hooks of :func:`add_random_ops` read at each call; change ``p`` between steps."""
+
+    def __init__(self, p: float = RANDOM_DROP) -> None:
+        self.p = p
+
+    def __call__(self, module: nn.Module, args: Any, output: Any) -> Any:
+        # Randomness ac-core cannot recognise by type: no nn.Dropout, no dropout float, only torch.rand, and
+        # (as timm's stochastic depth at rate 0) no draw at all while the rate is 0.
+        if not isinstance(output, torch.Tensor) or not torch.is_grad_enabled() or self.p == 0:
+            return output
+        keep = torch.rand(output.shape[-1], device=output.device) >= self.p
+        return output * keep.to(output.dtype) / (1 - self.p)
 
 
-def add_random_ops(subject: Subject, model: nn.Module) -> int:
-    """Hook each block's first Linear to drop features drawn with ``torch.rand``; returns how many were hooked.
+def add_random_ops(subject: Subject, model: nn.Module, rate: RandomRate | None = None) -> int:
+    """Hook each block's first Linear to drop features drawn with ``torch.rand`` at ``rate`` (default
+    :data:`RANDOM_DROP`); returns how many were hooked.
 
     The hooks run inside the blocks, so recompute runs them again: only replaying the forward's RNG state
     gives the same masks.
     """
+    hook = rate if rate is not None else RandomRate()
     hooked = 0
     for block in subject.plan(model):
         linear = next((m for m in block.module.modules() if isinstance(m, nn.Linear)), None)
         if linear is not None:
-            linear.register_forward_hook(_drop_features)
+            linear.register_forward_hook(hook)
             hooked += 1
     return hooked
 
@@ -103,27 +120,38 @@ def check_gradients_with_random_ops(
     """As :func:`check_gradients`, with randomness inside every block that no dropout module carries.
 
     Stochastic depth drawn with ``torch.rand`` or ``F.dropout`` with p in a plain attribute look like
-    this: gradients must still equal the plain model's, so recompute must replay the RNG state.
+    this: gradients must still equal the plain model's, so recompute must replay the RNG state, at each of two
+    steps whose rates follow every :data:`RATE_SCHEDULES` entry (0 at the first step and then not, too).
     """
     config = as_policy(policy)
-    plain = build(subject, device)
-    if add_random_ops(subject, plain.model) == 0:
-        pytest.skip(f"{subject.model.class_name}'s blocks have no nn.Linear to draw random masks after")
-    expected = train_step(plain)
-    case = build(subject, device)
-    add_random_ops(subject, case.model)
-    apply_activation_checkpointing(case.model, config, adapter=subject.adapter)
-    for attempt in ("first", "second"):  # the first step, and a later one after the block's randomness was seen
-        case.model.zero_grad(set_to_none=True)
-        got = train_step(case)
-        what = f"{subject.id} under {label(config)} on {device} with torch.rand masks in every block, {attempt} step"
-        assert_same_step(got, expected, tolerance, what)
+    got: Step | None = None
+    for schedule, rates in RATE_SCHEDULES.items():
+        plain, case = build(subject, device), build(subject, device)
+        plain_rate, case_rate = RandomRate(), RandomRate()
+        if add_random_ops(subject, plain.model, plain_rate) == 0:
+            pytest.skip(f"{subject.model.class_name}'s blocks have no nn.Linear to draw random masks after")
+        add_random_ops(subject, case.model, case_rate)
+        apply_activation_checkpointing(case.model, config, adapter=subject.adapter)
+        for attempt, p in zip(("first", "second"), rates, strict=True):
+            plain_rate.p = case_rate.p = p
+            plain.model.zero_grad(set_to_none=True)
+            case.model.zero_grad(set_to_none=True)
+            expected = train_step(plain)
+            got = train_step(case)
+            what = (
+                f"{subject.id} under {label(config)} on {device} with torch.rand masks in every block "
+                f"({schedule}: rate {p} at the {attempt} step)"
+            )
+            assert_same_step(got, expected, tolerance, what)
+    assert got is not None
     return got
 
 
 __all__ = [
     "DROPOUT_P",
     "RANDOM_DROP",
+    "RATE_SCHEDULES",
+    "RandomRate",
     "add_random_ops",
     "check_gradients",
     "check_gradients_with_dropout",

@@ -1,6 +1,7 @@
 """The memory-budget policy: the least recompute that fits the memory you have (issue 12), offload included.
 
-Importing this package registers the ``plan`` and ``budget`` policy configs.
+Plan from example inputs (:func:`plan_activation_checkpointing`) or from your own training step
+(:func:`profile_step`). Importing this package registers the ``plan`` and ``budget`` policy configs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .plan import (
 )
 from .profile import BlockProfile, ModelProfile, OpOccurrence, profile_model
 from .solve import solve
+from .step import StepProfile, profile_step
 
 __all__ = [
     "BlockProfile",
@@ -23,9 +25,11 @@ __all__ = [
     "ModelProfile",
     "OpOccurrence",
     "PlannedBlock",
+    "StepProfile",
     "parse_budget",
     "plan_activation_checkpointing",
     "plan_from_profile",
     "profile_model",
+    "profile_step",
     "solve",
 ]

@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
 from .._checkpoint import CheckpointLayer, _checkpoint
+from .._sac import selective_contexts
 from ..measure.memory import plain_tensors
 from ..offload import OffloadConfig, _regions
 from ..offload._transport import can_offload, transport_for
@@ -49,7 +50,7 @@ class _OccurrencePolicy:
 
 def occurrence_context(keep: frozenset[tuple[str, int]]) -> Any:
     """``context_fn`` for torch.utils.checkpoint keeping the listed (op name, occurrence) outputs."""
-    return create_selective_checkpoint_contexts(_OccurrencePolicy(keep))
+    return selective_contexts(_OccurrencePolicy(keep))
 
 
 class PlannedLayer(CheckpointLayer):
@@ -67,9 +68,17 @@ class PlannedLayer(CheckpointLayer):
         *,
         root: nn.Module | None = None,
         offload: bool = False,
+        preserve_rng_state: bool = True,
     ) -> None:
         kind = CheckpointType.OPS if keep else CheckpointType.FULL
-        super().__init__(kind, frozenset(op for op, _ in keep), path, expects_attention, root=root)
+        super().__init__(
+            kind,
+            frozenset(op for op, _ in keep),
+            path,
+            expects_attention,
+            root=root,
+            preserve_rng_state=preserve_rng_state,
+        )
         self.keep = frozenset(keep)
         self.planned = planned
         self.offload = offload
@@ -107,16 +116,14 @@ class PlannedLayer(CheckpointLayer):
                 "(model.cuda()), or plan without offload (offload=None)"
             )
 
-    def _run(
-        self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any], preserve_rng: bool
-    ) -> Any:
-        options: dict[str, Any] = {"preserve_rng_state": preserve_rng}
+    def _run(self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        options: dict[str, Any] = {"preserve_rng_state": self.preserve_rng_state}
         if self.keep:
             options["context_fn"] = functools.partial(occurrence_context, self.keep)
         if not self.offload:
-            return _checkpoint(call_next, args, kwargs, **options)
+            return _checkpoint(module, self.path, call_next, args, kwargs, **options)
         with _regions.lift_no_offload():  # the plan keeps the rest of the model on the device
-            return _checkpoint(call_next, args, kwargs, **options)
+            return _checkpoint(module, self.path, call_next, args, kwargs, **options)
 
 
 def _every_forward(model: nn.Module, inputs: Any) -> int:

@@ -33,7 +33,7 @@ from .solve import FULL, NONE, OPS, Choice, solve
 
 logger = logging.getLogger("ac_core")
 
-_FORMAT = 2  # 2: offload; format-1 files still load
+_FORMAT = 3  # 2: offload; 3: the containers of a plan made with blocks=; earlier files still load
 _UNITS = {
     "": 1, "b": 1,
     "k": 10**3, "kb": 10**3, "kib": 2**10,
@@ -117,6 +117,8 @@ class CheckpointPlan(PolicyConfig):
     ``base_bytes``: what any plan that checkpoints a block holds besides its blocks' parts, before offload.
     ``offload``: the settings offload was planned with (None: not allowed); then ``freed_bytes`` leave the
     device and up to ``window_bytes`` of them are back on it at times (copies in flight, prefetched).
+    ``containers``: the block containers' FQNs where ``blocks=`` named them (None: the adapter's), so that
+    ``apply_activation_checkpointing(model, plan)`` and ``ac_core.compile(model, plan)`` need no ``blocks=``.
     """
 
     model_class: str = ""
@@ -129,6 +131,7 @@ class CheckpointPlan(PolicyConfig):
     offload: OffloadConfig | None = None
     freed_bytes: int = 0
     window_bytes: int = 0
+    containers: tuple[str, ...] | None = None
     name: ClassVar[str] = "plan"
     # Not a fixed policy: it cannot be built from its name alone, so bench rows and the conformance suite skip it.
     by_name: ClassVar[bool] = False
@@ -144,6 +147,9 @@ class CheckpointPlan(PolicyConfig):
                 raise ValueError(f"block {block.path!r}: mode {block.mode!r} with keep={block.keep!r} is not a plan")
             if block.offload and (block.mode == NONE or self.offload is None):
                 raise ValueError(f"block {block.path!r}: offload needs a checkpointed block and a plan's offload")
+
+    def own_containers(self) -> tuple[str, ...] | None:
+        return self.containers
 
     @property
     def held_bytes(self) -> int:
@@ -188,6 +194,7 @@ class CheckpointPlan(PolicyConfig):
                 "offload": None if offload is None else {name: getattr(offload, name) for name in _OFFLOAD_SETTINGS},
                 "freed_bytes": self.freed_bytes,
                 "window_bytes": self.window_bytes,
+                "containers": self.containers,
                 "blocks": [
                     {
                         "path": b.path,
@@ -208,10 +215,12 @@ class CheckpointPlan(PolicyConfig):
 
     @classmethod
     def from_json(cls, text: str) -> CheckpointPlan:
-        """A plan written by :meth:`to_json`, of this format or format 1 (before offload)."""
+        """A plan written by :meth:`to_json`, of this format or an earlier one (1: before offload, 2: before
+        containers)."""
         data = json.loads(text)
-        if data.get("format") not in (1, _FORMAT):
-            raise ValueError(f"not a checkpoint plan of format 1 or {_FORMAT}: format {data.get('format')!r}")
+        if data.get("format") not in range(1, _FORMAT + 1):
+            raise ValueError(f"not a checkpoint plan of format 1 to {_FORMAT}: format {data.get('format')!r}")
+        containers = data.get("containers")
         offload = data.get("offload")
         plan = cls(
             model_class=data["model_class"],
@@ -237,6 +246,7 @@ class CheckpointPlan(PolicyConfig):
             offload=None if offload is None else OffloadConfig(min_tokens=1, **offload),
             freed_bytes=data.get("freed_bytes", 0),
             window_bytes=data.get("window_bytes", 0),
+            containers=None if containers is None else tuple(containers),
         )
         if data.get("fingerprint") not in (None, plan.fingerprint):
             raise ValueError("checkpoint plan JSON was edited: its fingerprint does not match its contents")
@@ -271,7 +281,9 @@ class CheckpointPlan(PolicyConfig):
 
 @dataclass(frozen=True)
 class Budget(PolicyConfig):
-    """Plan for ``memory_budget`` at ``example_inputs`` and apply it (see :func:`plan_activation_checkpointing`)."""
+    """Plan for ``memory_budget`` at ``example_inputs`` and apply it (see :func:`plan_activation_checkpointing`):
+    planning inside ``apply_activation_checkpointing`` leaves the model, the inputs, the RNG and the hooks as they
+    were, as planning does."""
 
     memory_budget: float | int | str | None = None
     example_inputs: Any = field(default=None, compare=False, repr=False)
@@ -298,7 +310,13 @@ def _plan(
 ) -> CheckpointPlan:
     parse_budget(memory_budget)  # a bad budget or offload= fails before the model runs
     offload_request(offload)
-    return plan_from_profile(profile_model(block_plan, example_inputs), memory_budget, offload=offload)
+    profile = profile_model(block_plan, example_inputs)
+    return plan_from_profile(profile, memory_budget, offload=offload, containers=named_containers(block_plan))
+
+
+def named_containers(block_plan: BlockPlan) -> tuple[str, ...] | None:
+    """The containers' FQNs a plan records where ``blocks=`` named them (None where the adapter did)."""
+    return None if block_plan.model_spec is not None else tuple(c.path for c in block_plan.containers)
 
 
 def _least(profile: ModelProfile, offload: OffloadModel | None) -> int:
@@ -309,10 +327,15 @@ def _least(profile: ModelProfile, offload: OffloadModel | None) -> int:
 
 
 def plan_from_profile(
-    profile: ModelProfile, memory_budget: object, *, offload: bool | OffloadConfig | None = None
+    profile: ModelProfile,
+    memory_budget: object,
+    *,
+    offload: bool | OffloadConfig | None = None,
+    containers: tuple[str, ...] | None = None,
 ) -> CheckpointPlan:
     """The plan for ``memory_budget`` from a model's profile (:func:`~ac_core.budget.profile_model`): profile
-    once, plan at several budgets (what ``ac-core bench --policy budget`` does)."""
+    once, plan at several budgets (what ``ac-core bench --policy budget`` does). ``containers``: those
+    ``blocks=`` named (see :func:`named_containers`), recorded in the plan."""
     kind, value = parse_budget(memory_budget)
     config = offload_request(offload)
     model = OffloadModel(profile.saved_inputs, config) if config is not None else None
@@ -363,6 +386,7 @@ def plan_from_profile(
         offload=recorded(config) if config is not None else None,
         freed_bytes=moved.freed,
         window_bytes=moved.window,
+        containers=containers,
     )
 
 
@@ -389,6 +413,17 @@ def plan_activation_checkpointing(
     Planning needs no GPU (plan on ``meta`` for a cluster); running an offloading plan needs the model on CUDA,
     and raises otherwise. The rest of the model's saved tensors stay on the device. Such a plan brings its own
     offload: apply it without ``offload=`` (which would replace it and move more than planned).
+
+    Planning runs forwards of its own (the whole model unchecked, each distinct block alone, every block
+    checkpointed) and leaves no trace on real tensors: around each, the CPU and CUDA RNG states are taken and put
+    back; a dispatch mode copies a parameter or example input the first time an op writes into it and writes the
+    copy back; buffers are copied up front and written back where their values changed (BatchNorm's statistics);
+    replaced buffers and ``training`` flags are put back; the forward hooks and pre-hooks of user code (on the
+    model's modules and global) are silenced, while torch's (FSDP2's unshard), ac-core's and the model
+    libraries' run. All of it on error too. A block that changes its input in place is refused (it cannot be
+    checkpointed), naming it, the argument and the op; any other failure in a planning forward names the block
+    and the op. To plan from your own training step (its forward context, its loss), see
+    :func:`~ac_core.profile_step`.
     """
     return _plan(resolve_blocks(model, adapter, blocks), example_inputs, memory_budget, offload)
 
@@ -415,11 +450,14 @@ def _check_layout(plan: CheckpointPlan, block_plan: BlockPlan) -> None:
 
 def _make_layer(
     keep: tuple[tuple[str, int], ...], planned: Signature, offload: PlanOffload | None, kind: Any, retained: Any,
-    path: str, expects_attention: bool = True, *, root: nn.Module | None = None,
+    path: str, expects_attention: bool = True, *, root: nn.Module | None = None, preserve_rng_state: bool = True,
 ) -> PlannedLayer:  # fmt: skip
     if offload is not None:
         offload.install()  # built when the verb installs layers: after it took earlier offload off the model
-    return PlannedLayer(keep, planned, path, expects_attention, root=root, offload=offload is not None)
+    return PlannedLayer(
+        keep, planned, path, expects_attention, root=root, offload=offload is not None,
+        preserve_rng_state=preserve_rng_state,
+    )  # fmt: skip
 
 
 @register_policy(CheckpointPlan)

@@ -1,21 +1,30 @@
 """What each block holds for backward and what recomputing it costs, op occurrence by op occurrence.
 
 One forward of the whole model, unchecked, under :func:`~ac_core.measure.held_for_backward` gives the bytes
-``none`` holds and, through a pre-hook on every block, each block's inputs. Then one block per (block class,
-input shapes) is run again alone, under a ``FlopCounterMode`` (with our CPU SDPA formulas) and a
-``TorchDispatchMode`` that notes, per op call, its name, its occurrence index among calls of that name in the
-block's forward, the FLOPs it adds and the bytes of the storages it creates. The rest of the blocks reuse that
-profile. Everything is a function of shapes, so it runs on real, ``meta`` or fake tensors alike.
+``none`` holds and, through a pre-hook on every block, each block's inputs. Then each block is run again alone,
+under a ``FlopCounterMode`` (with our CPU SDPA formulas) and a ``TorchDispatchMode`` that notes, per op call, its
+name, its occurrence index among calls of that name in the block's forward, the FLOPs it adds and the bytes of the
+storages it creates (see :class:`ProfileKey` for why no block reuses another's profile). Everything is a function
+of shapes, so it runs on real, ``meta`` or fake tensors alike.
+
+On real tensors these forwards leave no trace (see :mod:`._isolation`): the RNG, the model's parameters, buffers
+and ``training`` flags and the example inputs are as they were afterwards, and the user's forward hooks do not
+fire. A block that changes its input in place (``x.mul_(0.5)``, legal in the plain model) cannot be checkpointed
+(recompute would start from the changed input; ac-core's checkpoint refuses it), so planning refuses it too,
+naming the block, the input and the op, and the fixes; a block alone runs on copies of its inputs that are not
+leaves, as in the model's forward, so that it gets that far. Any other failure in a planning forward is an error
+naming the block (path and class) and the op that raised.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -27,8 +36,9 @@ from torch.utils._pytree import tree_flatten, tree_map
 from .. import _chain, _checkpoint
 from ..measure.flops import GlobalFlopCounter
 from ..measure.memory import held_for_backward, live_nbytes, new_storages, plain_tensors, storage_ref
-from ..plan import BlockPlan
+from ..plan import Block, BlockPlan
 from ..policy import CheckpointType
+from ._isolation import CopyOnWrite, isolated, written
 from .offload import InputRecorder, SavedInputs
 
 # One tensor argument of a block: (argument, shape, dtype). The argument is its position ("0") or keyword name,
@@ -37,16 +47,32 @@ TensorSignature = tuple[str, tuple[int, ...], str]
 Signature = tuple[TensorSignature, ...]
 
 
-def signature(args: tuple, kwargs: dict[str, Any]) -> Signature:
-    """The shapes and dtypes of every tensor in a call's arguments, named by position or keyword."""
-    found: list[TensorSignature] = []
+def named_tensors(args: tuple, kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor in a call's arguments, named by position (``"0"``) or keyword, with a pytree path suffix inside
+    containers (``"rotary[1]"``); keywords sorted by name."""
+    found: list[tuple[str, torch.Tensor]] = []
     for name, value in [*((str(i), a) for i, a in enumerate(args)), *sorted(kwargs.items())]:
         leaves, _ = tree_flatten(value)
         single = len(leaves) == 1
         for index, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor):
-                found.append((name if single else f"{name}[{index}]", tuple(leaf.shape), str(leaf.dtype)))
-    return tuple(found)
+                found.append((name if single else f"{name}[{index}]", leaf))
+    return found
+
+
+def signature(args: tuple, kwargs: dict[str, Any]) -> Signature:
+    """The shapes and dtypes of every tensor in a call's arguments, named by position or keyword."""
+    return tuple((name, tuple(t.shape), str(t.dtype)) for name, t in named_tensors(args, kwargs))
+
+
+class ProfileKey(NamedTuple):
+    """What one block profile stands for: a block at its first call's input signature. Each block is profiled on its
+    own: blocks of one class at the same shapes may still run other ops (a flag set per block, an in-place op on an
+    intermediate in one of them, SD3's last block with ``context_pre_only``), so a plan made from another block's
+    profile could keep an output this one changes, or recompute what it does not run."""
+
+    path: str
+    signature: Signature
 
 
 def describe_signature(sig: Signature) -> str:
@@ -72,7 +98,8 @@ class BlockProfile:
     last tensor the forward saved for backward is recomputed (early stop, on by default), and autograd saves an
     op's inputs before running it, so the ops from the one saving last on are never recomputed (in the toy
     block, the MLP's second matmul). ``candidates`` are the op occurrences worth keeping: recomputed (before
-    that point), with FLOPs to save and a new output storage to hold.
+    that point), with FLOPs to save and a new output storage to hold, which no later op of the block changes in
+    place (``h.mul_(s)`` after the matmul making ``h``: a kept output must stay the op's output).
     """
 
     class_name: str
@@ -111,9 +138,11 @@ class ModelProfile:
     def min_bytes(self) -> int:
         """What every plan that checkpoints a block holds besides its blocks' parts: the least any plan holds.
 
-        ``full_bytes`` where measured (one forward with every block checkpointed whole): a block's own profile
-        can hold a little more than its part of the whole model's forward (transformers' Llama: a tensor made
-        once and shared between blocks), so the rest inferred from it would come short by as much.
+        ``full_bytes`` where known: what the forward holds with every block checkpointed whole, measured by
+        :func:`profile_model` (one forward so) and by a profiled step from where its storages were made (see
+        :mod:`.step`). The rest inferred from the blocks' own profiles comes short where a block alone holds
+        more than its part of the whole forward (a transformers model with its KV cache on: run alone after the
+        forward, a block finds the cache full, and the forward's cache holds every block's keys and values).
         """
         if self.full_bytes is not None:
             return self.full_bytes
@@ -125,21 +154,32 @@ class ModelProfile:
 
 
 class _OpRecorder(TorchDispatchMode):
-    """Per op call: name, occurrence, FLOPs (read off the flop counter below it) and bytes of new storages."""
+    """Per op call: name, occurrence, FLOPs (read off the flop counter below it) and bytes of new storages; and
+    which calls' outputs a later op changes in place (``mutated``, by position in ``ops``), which a selective
+    checkpoint cannot keep (the kept value would no longer be the op's output)."""
 
     def __init__(self, counter: GlobalFlopCounter) -> None:
         super().__init__()
         self.counter = counter
         self.seen: dict[str, int] = defaultdict(int)
         self.ops: list[OpOccurrence] = []
+        self.made_by: dict[int, int] = {}  # storage -> position of the op call that made it
+        self.mutated: set[int] = set()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        for tensor in written(func, args, kwargs):
+            made_by = self.made_by.get(storage_ref(tensor).cdata)
+            if made_by is not None:
+                self.mutated.add(made_by)
         before = self.counter.get_total_flops()
-        out = func(*args, **(kwargs or {}))
+        out = func(*args, **kwargs)
         name = func.name()
         index = self.seen[name]
         self.seen[name] += 1
-        nbytes = sum(live_nbytes(ref) for ref in {ref.cdata: ref for ref in new_storages(func, out)}.values())
+        made = {ref.cdata: ref for ref in new_storages(func, out)}
+        self.made_by |= dict.fromkeys(made, len(self.ops))
+        nbytes = sum(live_nbytes(ref) for ref in made.values())
         self.ops.append(OpOccurrence(name, index, nbytes, self.counter.get_total_flops() - before))
         return out
 
@@ -187,6 +227,20 @@ def _detached_copy(value: Any) -> Any:
     return tree_map(copy, value)
 
 
+def _fed(value: Any) -> Any:
+    """Copies of a block's inputs to run it alone on: one that requires grad is made by an op (a clone), not a
+    leaf, as in the model's forward, so a block changing its input in place (legal there) runs the same; the
+    copies are made before the run, like the inputs of the block in the model, so none of them is counted."""
+
+    def copy(leaf: Any) -> Any:
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        alias = leaf.detach()
+        return alias.requires_grad_().clone() if leaf.requires_grad else alias.clone()
+
+    return tree_map(copy, value)
+
+
 @contextmanager
 def _unchecked(modules: list[nn.Module]) -> Iterator[None]:
     """Run ``modules`` with their plain forward: ac-core's layers (a plan applied before, its offload on the model)
@@ -210,21 +264,66 @@ def _unchecked(modules: list[nn.Module]) -> Iterator[None]:
                 module.__dict__["forward"] = forward
 
 
-@contextmanager
-def _values_needed(model: nn.Module) -> Iterator[None]:
-    """Name the fix where the model's forward reads a tensor's value, which meta and fake tensors do not have."""
+def _reads_values(exc: BaseException) -> bool:
     from torch._subclasses.fake_tensor import DataDependentOutputException
 
+    if isinstance(exc, DataDependentOutputException):
+        return True
+    return isinstance(exc, RuntimeError) and "meta tensors" in str(exc)
+
+
+def _planning_error(model: nn.Module, block: Block | None, op: str | None, exc: BaseException) -> ValueError:
+    """What a planning forward that raised ``exc`` (in ``block``, at ``op``, where known) tells the user."""
+    at = f" at {op}" if op else ""
+    if _reads_values(exc):
+        where = f" (in block {block.path!r}, {block.class_name})" if block is not None else ""
+        return ValueError(
+            f"{type(model).__name__}'s forward reads a tensor's value{where} ({exc}), which meta and fake tensors "
+            "do not have, so it cannot be planned from shapes alone: plan it on real tensors (as few blocks as the "
+            "memory at hand allows, at the real width and sequence length)"
+        )
+    if block is not None:
+        return ValueError(
+            f"planning failed in block {block.path!r} ({block.class_name}){at}: {type(exc).__name__}: {exc}. "
+            "Leave that block unchecked (plan without it, e.g. blocks=[...] naming other containers), or, where "
+            "it changes its input in place, clone its input first (x = x.clone()) in its forward"
+        )
+    return ValueError(
+        f"planning ran {type(model).__name__}'s forward on example_inputs and it failed outside its blocks{at}: "
+        f"{type(exc).__name__}: {exc}. Planning runs the forward alone, outside your training step; where it needs "
+        "the step's context (a forward context, a context variable), plan from the step itself: "
+        "ac_core.profile_step(model)"
+    )
+
+
+@contextmanager
+def _failures_named(plan: BlockPlan, guard: CopyOnWrite, block: Block | None = None) -> Iterator[None]:
+    """An error in a planning forward becomes :func:`_planning_error`'s, naming ``block``, or else the block the
+    forward was in: entered (a pre-hook) and not left (a forward hook, which an exception skips)."""
+    inside: list[Block] = []
+    handles = []
+    if block is None:
+        for each in plan:
+            handles.append(each.module.register_forward_pre_hook(functools.partial(_entered, inside, each)))
+            handles.append(each.module.register_forward_hook(functools.partial(_left, inside)))
     try:
         yield
-    except (RuntimeError, DataDependentOutputException) as exc:
-        if not isinstance(exc, DataDependentOutputException) and "meta tensors" not in str(exc):
-            raise
-        raise ValueError(
-            f"{type(model).__name__}'s forward reads a tensor's value ({exc}), which meta and fake tensors do not "
-            "have, so it cannot be planned from shapes alone: plan it on real tensors (as few blocks as the "
-            "memory at hand allows, at the real width and sequence length)"
-        ) from exc
+    except torch.OutOfMemoryError:
+        raise  # not the forward's fault; a training loop may handle it
+    except Exception as exc:
+        where = block if block is not None else inside[-1] if inside else None
+        raise _planning_error(plan.served_model, where, guard.failed_op(exc), exc) from exc
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _entered(inside: list[Block], block: Block, module: nn.Module, args: tuple) -> None:
+    inside.append(block)
+
+
+def _left(inside: list[Block], module: nn.Module, args: tuple, output: Any) -> None:
+    inside.pop()
 
 
 def call_model(model: nn.Module, example_inputs: Any) -> Any:
@@ -244,14 +343,66 @@ def inputs_signature(example_inputs: Any) -> Signature:
     return signature((example_inputs,), {})
 
 
+def profile_alone(
+    plan: BlockPlan, block: Block, call: Callable[..., Any], key: ProfileKey, args: tuple, kwargs: dict
+) -> BlockProfile:
+    """Profile ``block`` alone, ``call`` running it on :func:`_fed` copies of ``args`` and ``kwargs`` (grad
+    enabled), :func:`~._isolation.isolated`; refuse a block that changes its input in place, naming the op."""
+    with isolated(plan.model) as guard, _failures_named(plan, guard, block):
+        args, kwargs = _fed(args), _fed(kwargs)
+        inputs = named_tensors(args, kwargs)
+        guard.watch(tensor for _, tensor in inputs)
+        profile = _profile_block(functools.partial(call, *args, **kwargs), block.class_name, key)
+    changed = [f"{name} by {guard.writers[id(tensor)]}" for name, tensor in inputs if id(tensor) in guard.writers]
+    if changed:
+        raise ValueError(
+            f"block {block.path!r} ({block.class_name}) changes its input in place in its forward "
+            f"({', '.join(changed)}): legal unchecked, but a checkpoint's recompute would start from the changed "
+            "input, so it cannot be checkpointed. Clone its input first (x = x.clone()) in its forward, or leave "
+            "that block unchecked (plan without it, e.g. blocks=[...] naming other containers)"
+        )
+    return profile
+
+
+def _profile_block(run: Callable[[], Any], class_name: str, key: ProfileKey) -> BlockProfile:
+    """Profile one call of a block: ``run`` calls it."""
+    counter = GlobalFlopCounter()
+    recorder = _OpRecorder(counter)
+    packed_after = [0]  # ops run when the last saved tensor was packed
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        packed_after[0] = len(recorder.ops)
+        # The tensor itself, packed, would tie an op's saved output to its own grad_fn: a cycle the garbage
+        # collector cannot see, keeping the run's graph (and a fed input's storage) alive for good.
+        with _disable_current_modes():
+            return tensor.detach()
+
+    with counter, recorder, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        _, block_bytes = held_for_backward(run)
+    recomputed = recorder.ops[: packed_after[0]]
+    keepable = [op for i, op in enumerate(recomputed) if i not in recorder.mutated]
+    return BlockProfile(
+        class_name=class_name,
+        signature=key.signature,
+        none_bytes=block_bytes,
+        forward_flops=counter.get_total_flops(),
+        recompute_flops=sum(op.flops for op in recomputed),
+        candidates=tuple(op for op in keepable if op.flops > 0 and op.nbytes > 0),
+    )
+
+
 def profile_model(plan: BlockPlan, example_inputs: Any) -> ModelProfile:
-    """Profile every block of ``plan`` at ``example_inputs`` (real, meta or fake tensors), once per class and shapes."""
+    """Profile every block of ``plan`` at ``example_inputs`` (real, meta or fake tensors), each block on its own.
+
+    Each of its forwards is :func:`~._isolation.isolated`: the model, the inputs, the RNG are as they were after
+    it, and the user's forward hooks do not fire. A forward that fails raises :func:`_planning_error`'s error.
+    """
     model = plan.model
     blocks = list(plan)
     captured: dict[str, tuple[tuple, dict[str, Any]]] = {}
     block_inputs: dict[int, tuple[StorageWeakRef, int]] = {}
-    keys: dict[str, tuple[str, Signature]] = {}
-    firsts: dict[tuple[str, Signature], str] = {}
+    keys: dict[str, ProfileKey] = {}
+    firsts: dict[ProfileKey, str] = {}
     calls: dict[str, int] = defaultdict(int)
 
     def pre_hook(path: str):
@@ -262,7 +413,7 @@ def profile_model(plan: BlockPlan, example_inputs: Any) -> ModelProfile:
             calls[path] += 1
             if path in keys:
                 return  # a block called again in the forward: profiled at its first call, counted per call
-            key = (type(module).__qualname__, signature(args, kwargs))
+            key = ProfileKey(path, signature(args, kwargs))
             keys[path] = key
             if key not in firsts:
                 firsts[key] = path
@@ -275,9 +426,10 @@ def profile_model(plan: BlockPlan, example_inputs: Any) -> ModelProfile:
     try:
         with (
             _unchecked([model, *(b.module for b in blocks)]),
+            isolated(model, example_inputs) as guard,
+            _failures_named(plan, guard),
             torch.enable_grad(),
             _CpuAttentionOnMeta(),
-            _values_needed(plan.served_model),
         ):
             _, none_bytes = held_for_backward(lambda: call_model(model, example_inputs))  # its result is not counted
     finally:
@@ -292,31 +444,15 @@ def profile_model(plan: BlockPlan, example_inputs: Any) -> ModelProfile:
             f"the forward on example_inputs never called block(s) {missing}; plan with inputs that run them"
         )
 
-    profiles: dict[tuple[str, Signature], BlockProfile] = {}
-    by_path = {b.path: b.module for b in blocks}
+    profiles: dict[ProfileKey, BlockProfile] = {}
+    by_path = {b.path: b for b in blocks}
     for key, path in firsts.items():
-        args, kwargs = captured[path]
-        with _unchecked([by_path[path]]), torch.enable_grad(), _CpuAttentionOnMeta():
-            counter = GlobalFlopCounter()
-            recorder = _OpRecorder(counter)
-            packed_after = [0]  # ops run when the last saved tensor was packed
-
-            def pack(tensor: torch.Tensor) -> torch.Tensor:
-                packed_after[0] = len(recorder.ops)  # noqa: B023
-                return tensor
-
-            with counter, recorder, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-                _, block_bytes = held_for_backward(lambda: by_path[path](*args, **kwargs))  # noqa: B023
-        recomputed = recorder.ops[: packed_after[0]]
-        profiles[key] = BlockProfile(
-            class_name=type(by_path[path]).__name__,
-            signature=key[1],
-            none_bytes=block_bytes,
-            forward_flops=counter.get_total_flops(),
-            recompute_flops=sum(op.flops for op in recomputed),
-            candidates=tuple(op for op in recomputed if op.flops > 0 and op.nbytes > 0),
-        )
-    full_bytes, saved_inputs = _held_all_full(plan, example_inputs)
+        block = by_path[path]
+        args, kwargs = captured.pop(path)
+        with _unchecked([block.module]), torch.enable_grad(), _CpuAttentionOnMeta():
+            profiles[key] = profile_alone(plan, block, block.module, key, args, kwargs)
+    with isolated(model, example_inputs) as guard, _failures_named(plan, guard):
+        full_bytes, saved_inputs = _held_all_full(plan, example_inputs)
     served = plan.served_model
     return ModelProfile(
         model_class=f"{type(served).__module__}.{type(served).__qualname__}",

@@ -345,7 +345,8 @@ def _is_block(module: nn.Module, declared: frozenset[str]) -> bool:
 
 
 def find_containers(model: nn.Module) -> tuple[list[str], frozenset[str]]:
-    """ModuleLists of repeated blocks, outermost only; those of the model's declared block classes if it has any."""
+    """Containers (ModuleList, ModuleDict, Sequential) of repeated blocks, outermost only; those of the model's
+    declared block classes if it has any."""
     declared = _block_names(model)
     lists = [path for path in module_lists(model) if _is_block_list(model.get_submodule(path), declared)]
     outer = [p for p in lists if not any(p.startswith(q + ".") for q in lists)]
@@ -388,11 +389,6 @@ def retainable_ops() -> frozenset[str]:
     from ..libraries.diffusers import BACKENDS
 
     return DEFAULT_RETAINED_OPS | frozenset(op for b in BACKENDS for op in b.ops)
-
-
-def _index(fqn: str) -> int:
-    last = fqn.rpartition(".")[2]
-    return int(last) if last.isdigit() else 0
 
 
 def _probe_backends(model_factory: Callable[[], nn.Module], inputs: Callable[[nn.Module], dict[str, Any]]) -> dict:
@@ -447,8 +443,17 @@ def inspect_class(
 
     paths, declared = find_containers(model)
     if not paths:
-        raise DraftError(f"{cls.__name__} has no ModuleList of repeated blocks; its ModuleLists: {module_lists(model)}")
-    blocks = {f"{p}.{name}": child for p in paths for name, child in model.get_submodule(p).named_children()}
+        raise DraftError(
+            f"{cls.__name__} has no container of repeated blocks; its block containers: {module_lists(model)}"
+        )
+    items = [
+        (f"{p}.{name}", index, child)
+        for p in paths
+        for index, (name, child) in enumerate(model.get_submodule(p).named_children())
+    ]
+    blocks = {fqn: child for fqn, _, child in items}
+    # attention_calls counts per position in the container, as Block.index does.
+    positions = {fqn: index for fqn, index, _ in items}
     containers = {
         p: ", ".join(
             f"{n} x {k}" for k, n in Counter(type(c).__name__ for c in model.get_submodule(p).children()).items()
@@ -465,7 +470,7 @@ def inspect_class(
     for fqn, ops in per_block.items():
         kind = type(blocks[fqn]).__name__
         calls = sum(n for op, n in ops.items() if op_matches(op, kept))
-        by_class.setdefault(kind, {})[_index(fqn)] = calls
+        by_class.setdefault(kind, {})[positions[fqn]] = calls
         totals.setdefault(kind, Counter()).update(ops)
         runs[kind] += 1
         others = sorted(op for op in ops if not op_matches(op, kept))

@@ -249,7 +249,7 @@ def _print_findings(console: Console, findings: Findings, serving: list[str]) ->
             for k, v in findings.inputs.items()
         )
         console.print(escape(f"inputs (probed from forward's signature): {shown}"))
-    console.print("block containers (ModuleLists of repeated blocks):")
+    console.print("block containers (ModuleLists, ModuleDicts, Sequentials of repeated blocks):")
     for path, blocks in findings.containers.items():
         console.print(escape(f"  {path}: {blocks}"))
     if findings.declared_blocks:

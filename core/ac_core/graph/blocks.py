@@ -9,7 +9,8 @@ from torch import fx
 
 # Dynamo spells module paths as Python expressions rooted at the compiled function's argument:
 # "L['self'].layers.0", "L['self'].__dict__['_modules']['blocks'].1.attn", "getattr(L['self'].x, '0')".
-_SEGMENT = re.compile(r"\[\s*'([^']*)'\s*\]|\[\s*\"([^\"]*)\"\s*\]|\[\s*(\d+)\s*\]|\.([A-Za-z_]\w*|\d+)")
+# A ModuleDict's key follows a dot as it is, whatever its characters ("L['self'].layers.my-key").
+_SEGMENT = re.compile(r"\[\s*'([^']*)'\s*\]|\[\s*\"([^\"]*)\"\s*\]|\[\s*(\d+)\s*\]|\.([^.\[\]]+)")
 _NOT_SEGMENTS = {"__dict__", "_modules"}
 _ROOT = re.compile(r"^\s*L\[\s*['\"][^'\"]*['\"]\s*\](\[\s*\d+\s*\])?")
 
@@ -74,11 +75,12 @@ def block_regions(nodes: Sequence[fx.Node], blocks: Collection[str] | None = Non
     """Map each node to the module path of the block it ran in, or None outside every block.
 
     ``blocks`` are the blocks' FQNs (from an adapter's containers, say). Without them a block is an
-    item of a module container (ModuleList, ModuleDict of lists) that its parent's forward indexes
-    rather than calls, holding at least two items seen here, all of one class: a transformer's
-    ``layers.3``, not the mixed ``ff.net.0`` (a GELU beside a Linear) nor the lone ``to_out.0``. The
-    outermost such module on a node's stack is its block. A node without a module stack ran in the
-    compiled module's own code (a loss computed in ``forward``, say): outside every block.
+    item under a numeric key of a module container (ModuleList, ModuleDict of lists or of blocks, as
+    torchtitan's ``layers``) that its parent's forward indexes rather than calls, holding at least two
+    items seen here, all of one class: a transformer's ``layers.3``, not the mixed ``ff.net.0`` (a GELU
+    beside a Linear) nor the lone ``to_out.0``. The outermost such module on a node's stack is its block.
+    A node without a module stack ran in the compiled module's own code (a loss computed in ``forward``,
+    say): outside every block.
     """
     stacks = {node: _stack(node) for node in nodes}
     if blocks is not None:

@@ -40,7 +40,7 @@ def apply_sac_pass(
     block boundary and ops outside every block are saved, as eager per-block checkpointing would;
     random ops are saved. Nodes that depend on a tangent (the backward) are left alone. ``blocks``
     are the blocks' FQNs (``"layers.0"``), matched against each node's ``nn_module_stack``; without
-    them, blocks are found there (items of a ModuleList, two or more of one class).
+    them, blocks are found there (items of a ModuleList or ModuleDict, two or more of one class).
     ``outside_modules`` (FQNs of modules outside the blocks, see ``save_outside_blocks``) mark a
     graph that a graph break cut off before or after the blocks as outside them.
     ``torch._functorch.partitioners.min_cut_rematerialization_partition`` reads the tags;

@@ -15,7 +15,7 @@ from .._deprecated import UNSET, renamed
 from ..checkpointing import apply_activation_checkpointing, checkpointed_blocks, remove_activation_checkpointing
 from ..library_checkpointing import disable_library_checkpointing
 from ..plan import resolve_blocks
-from ..policies import Ops, PolicyConfig, policy_config
+from ..policies import Ops, PolicyConfig, containers_for, policy_config
 from ..policy import CheckpointType
 from ..registry import get_adapter, registered_adapters, unwrap_model
 from ..spec import AdapterSpec
@@ -294,7 +294,7 @@ def compile(
     runs outside the blocks, and recomputes the rest of each block in backward. Blocks are those of
     ``blocks=`` (container paths) or of the adapter (``adapter`` as in
     :func:`apply_activation_checkpointing`, found from the model's class when None); a model no adapter
-    serves needs neither: the pass then finds its blocks in the graph (ModuleList items). Eager
+    serves needs neither: the pass then finds its blocks in the graph (ModuleList or ModuleDict items). Eager
     checkpointing already on the model (ac-core's, diffusers' or transformers' own) is removed first and
     logged, so blocks are not checkpointed twice. ``backend`` is ``"inductor"`` or ``"aot_eager"``.
 
@@ -324,6 +324,7 @@ def compile(
     if isinstance(retain, (str, bytes)):
         raise TypeError(f"retain takes a collection of ops, e.g. {{{retain!r}}}, not a single string")
     config = policy_config(checkpointing_type, n_layer)
+    blocks = containers_for(config, adapter, blocks)  # a plan made with blocks= names its own
     from .budget_route import budget_route, is_budget_config, refuse_other_inputs
 
     budgeted = is_budget_config(config)

@@ -1,0 +1,53 @@
+"""torch's selective-checkpoint contexts, with a recompute that runs the casts autocast's cache served in forward.
+
+Under autocast a weight is cast once per autocast region and the cast reused (the cast cache): a block called
+twice in one forward casts its weights in the first call only, while the recompute of each call casts them
+again. torch's recompute matches every op to one the forward ran, so the second call's recompute fails with
+"aten._to_copy.default encountered during backward but not found in storage", where ``full`` (no matching)
+trains exactly. The extra cast is run where it is proven harmless at that moment: autocast is on, the op is the
+cast, and no output of a cast was kept in that forward (so no kept output's index can shift); the cast's value
+is the cached one's, and a cast saves nothing for backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import (
+    _RECOMPUTE,
+    _CachedTorchDispatchMode,
+    _sac_storage_key,
+    create_selective_checkpoint_contexts,
+)
+
+_CAST = torch.ops.aten._to_copy.default
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
+
+
+class _CastTolerantRecompute(_CachedTorchDispatchMode):
+    autocast: frozenset[str] = frozenset()
+
+    def __enter__(self) -> Any:
+        # Read on entering: inside __torch_dispatch__ the autocast keys are excluded, so it reads as off there.
+        self.autocast = frozenset(kind for kind in _AUTOCAST_DEVICES if torch.is_autocast_enabled(kind))
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func is _CAST and self._extra_cast(func, args):
+            self.func_counter[_sac_storage_key(func, args)] += 1
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+    def _extra_cast(self, func: Any, args: tuple) -> bool:
+        if not args or not isinstance(args[0], torch.Tensor) or args[0].device.type not in self.autocast:
+            return False
+        entries = self.storage.get(_sac_storage_key(func, args)) or {}
+        return all(entry is _RECOMPUTE for entry in entries.values())
+
+
+def selective_contexts(policy_fn: Any) -> tuple[Any, Any]:
+    """``(forward mode, recompute mode)`` for ``torch.utils.checkpoint``'s ``context_fn``, as
+    ``create_selective_checkpoint_contexts(policy_fn)`` makes them, with the cast-tolerant recompute."""
+    caching, cached = create_selective_checkpoint_contexts(policy_fn)
+    return caching, _CastTolerantRecompute(None, cached.storage)
