@@ -46,14 +46,16 @@ _KNOWN: tuple[tuple[str, str], ...] = (
 )
 
 
-def _tensor_inputs(args: tuple, kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
-    """Every tensor in a call's arguments, named by position or keyword (with its index inside a container)."""
+def named_tensors(args: tuple, kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor in a call's arguments, named by position (``"0"``) or keyword, with a pytree path suffix inside
+    containers (``"rotary[1]"``); keywords sorted by name."""
     found: list[tuple[str, torch.Tensor]] = []
-    for name, value in [*((f"argument {i}", a) for i, a in enumerate(args)), *kwargs.items()]:
+    for name, value in [*((str(i), a) for i, a in enumerate(args)), *sorted(kwargs.items())]:
         leaves, _ = tree_flatten(value)
+        single = len(leaves) == 1
         for index, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor):
-                found.append((name if len(leaves) == 1 else f"{name}[{index}]", leaf))
+                found.append((name if single else f"{name}[{index}]", leaf))
     return found
 
 
@@ -89,10 +91,14 @@ class BlockCall:
         return self._recompute(args, kwargs)
 
     def _forward(self, args: tuple, kwargs: dict[str, Any]) -> Any:
-        inputs = _tensor_inputs(args, kwargs)
+        inputs = named_tensors(args, kwargs)
         versions = [tensor._version for _, tensor in inputs]
         out = self.call_next(*args, **kwargs)
-        changed = [name for (name, tensor), version in zip(inputs, versions, strict=True) if tensor._version != version]
+        changed = [
+            f"argument {name}" if name[0].isdigit() else name
+            for (name, tensor), version in zip(inputs, versions, strict=True)
+            if tensor._version != version
+        ]
         if changed:
             raise RuntimeError(
                 f"ac-core: block {self.path!r} ({type(self.module).__name__}) changes its input ({', '.join(changed)}) "

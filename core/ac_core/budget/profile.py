@@ -31,9 +31,10 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from .. import _chain, _checkpoint
+from .._recompute import named_tensors
 from ..measure.flops import GlobalFlopCounter
 from ..measure.memory import held_for_backward, live_nbytes, new_storages, plain_tensors, storage_ref
 from ..plan import Block, BlockPlan
@@ -45,19 +46,6 @@ from .offload import InputRecorder, SavedInputs
 # with a pytree path suffix for tensors inside containers ("rotary[1]").
 TensorSignature = tuple[str, tuple[int, ...], str]
 Signature = tuple[TensorSignature, ...]
-
-
-def named_tensors(args: tuple, kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
-    """Every tensor in a call's arguments, named by position (``"0"``) or keyword, with a pytree path suffix inside
-    containers (``"rotary[1]"``); keywords sorted by name."""
-    found: list[tuple[str, torch.Tensor]] = []
-    for name, value in [*((str(i), a) for i, a in enumerate(args)), *sorted(kwargs.items())]:
-        leaves, _ = tree_flatten(value)
-        single = len(leaves) == 1
-        for index, leaf in enumerate(leaves):
-            if isinstance(leaf, torch.Tensor):
-                found.append((name if single else f"{name}[{index}]", leaf))
-    return found
 
 
 def signature(args: tuple, kwargs: dict[str, Any]) -> Signature:
