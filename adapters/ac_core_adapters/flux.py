@@ -10,7 +10,7 @@ imports diffusers until a factory is called.
 from __future__ import annotations
 
 from ac_core import AdapterSpec, ModelSpec
-from ac_core.libraries.diffusers import attention_backends, set_attention_backend
+from ac_core.libraries.diffusers import adapter_fields
 
 from .models.flux import token_count
 
@@ -45,13 +45,7 @@ SPEC = AdapterSpec(
             tiny="ac_core_adapters.models.flux:tiny_flux3",
         ),
     ),
-    backends=attention_backends(),
-    default_backend="native",
-    requirements=(
-        "an attention backend with a backward: diffusers' sage backends and _flash_3 cannot train",
-        "diffusers' own gradient checkpointing off (ac-core turns it off and says so)",
-    ),
-    set_backend=set_attention_backend,
+    **adapter_fields(),
     token_count=token_count,
 )
 """The ``flux`` adapter, registered under the ``ac_core.adapters`` entry point ``flux``."""

@@ -8,8 +8,10 @@ imports diffusers until a factory is called.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ac_core import AdapterSpec, ExcludedContainer, ModelSpec
-from ac_core.libraries.diffusers import attention_backends, set_attention_backend
+from ac_core.libraries.diffusers import adapter_fields
 
 from .models.hunyuan import token_count
 
@@ -31,30 +33,25 @@ _HV_CALLS = {
     "HunyuanVideoTokenReplaceSingleTransformerBlock": 1,
 }
 
+_HUNYUAN_VIDEO = ModelSpec(
+    cls="diffusers.HunyuanVideoTransformer3DModel",
+    containers=_CONTAINERS,
+    excluded=(_REFINER,),
+    attention_calls=_HV_CALLS,
+    versions=VERSIONS,
+    tiny="ac_core_adapters.models.hunyuan:tiny_hunyuan_video",
+    presets={"hunyuanvideo": "ac_core_adapters.models.hunyuan:preset_hunyuan_video"},
+)
+
 SPEC = AdapterSpec(
     name="hunyuan",
     library="diffusers",
     extra="hunyuan",
     models=(
-        ModelSpec(
-            cls="diffusers.HunyuanVideoTransformer3DModel",
-            containers=_CONTAINERS,
-            excluded=(_REFINER,),
-            attention_calls=_HV_CALLS,
-            versions=VERSIONS,
-            tiny="ac_core_adapters.models.hunyuan:tiny_hunyuan_video",
-            presets={"hunyuanvideo": "ac_core_adapters.models.hunyuan:preset_hunyuan_video"},
-        ),
+        _HUNYUAN_VIDEO,
         # The same class again, so that the token-replace variant's blocks go through every check too;
         # both entries declare the same containers, so either serves a model of this class.
-        ModelSpec(
-            cls="diffusers.HunyuanVideoTransformer3DModel",
-            containers=_CONTAINERS,
-            excluded=(_REFINER,),
-            attention_calls=_HV_CALLS,
-            versions=VERSIONS,
-            tiny="ac_core_adapters.models.hunyuan:tiny_hunyuan_video_token_replace",
-        ),
+        replace(_HUNYUAN_VIDEO, tiny="ac_core_adapters.models.hunyuan:tiny_hunyuan_video_token_replace", presets={}),
         ModelSpec(
             cls="diffusers.HunyuanVideo15Transformer3DModel",
             containers=("transformer_blocks",),
@@ -75,13 +72,7 @@ SPEC = AdapterSpec(
         ),
     ),
     # HunyuanVideo and 1.5 always pass a text padding mask (FramePack does for batches above 1).
-    backends=attention_backends(attention_mask=True),
-    default_backend="native",
-    requirements=(
-        "an attention backend that accepts an attention mask and has a backward",
-        "diffusers' own gradient checkpointing off (ac-core turns it off and says so)",
-    ),
-    set_backend=set_attention_backend,
+    **adapter_fields(attention_mask=True),
     token_count=token_count,
 )
 """The ``hunyuan`` adapter, registered under the ``ac_core.adapters`` entry point ``hunyuan``."""

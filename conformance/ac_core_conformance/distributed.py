@@ -65,7 +65,7 @@ class StepResult:
 def _shard_blocks(model: nn.Module, subject: Subject) -> None:
     from torch.distributed.fsdp import fully_shard
 
-    for block in subject.plan(model):
+    for block in subject.blocks(model):
         fully_shard(block.module)
     fully_shard(model)
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
-from ac_core import Ops, PolicyConfig, registered_policies
+from ac_core import BlockSelection, ModelBlocks, PolicyConfig, op_matches, registered_policies, select
 
 Policy = PolicyConfig | str
 """A policy as the checks accept it: a config, or a registered name (its config at its defaults)."""
@@ -25,9 +26,21 @@ def as_policy(policy: Policy) -> PolicyConfig:
     return types[policy]()
 
 
-def recomputes_attention(policy: PolicyConfig) -> bool:
-    """Whether backward reruns the attention of the blocks ``policy`` checkpoints: every policy but ``Ops``."""
-    return not isinstance(policy, Ops)
+def selections(policy: PolicyConfig, blocks: ModelBlocks) -> dict[str, BlockSelection]:
+    """The blocks ``policy`` checkpoints among ``blocks``, by path, as ac-core's policy registry selects them."""
+    return {selection.block.path: selection for selection in select(policy, blocks)}
+
+
+def reruns(selection: BlockSelection, op: str) -> bool:
+    """Whether backward reruns dispatcher op ``op`` (as it ran, ``"aten::mm.default"``) of the block ``selection``
+    checkpoints: every op of a ``full`` block, those an ``ops`` block does not keep. (A block no selection names is
+    not checkpointed: backward reruns none of its ops.)"""
+    return selection.kind.value == "full" or not op_matches(op, selection.retained)
+
+
+def kept_ops(chosen: Iterable[BlockSelection]) -> frozenset[str]:
+    """The op names the ``ops`` blocks among ``chosen`` keep (empty where every block is recomputed whole)."""
+    return frozenset(op for s in chosen if s.kind.value == "ops" for op in s.retained)
 
 
 def _is_set(value: object, default: object) -> bool:
@@ -45,4 +58,4 @@ def label(policy: PolicyConfig) -> str:
     return f"{policy.name}({fields})" if fields else policy.name
 
 
-__all__ = ["Policy", "as_policy", "default_policies", "label", "recomputes_attention"]
+__all__ = ["Policy", "as_policy", "default_policies", "kept_ops", "label", "reruns", "selections"]

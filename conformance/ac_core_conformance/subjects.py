@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 
@@ -12,7 +13,7 @@ from ac_core import (
     ENTRY_POINT_GROUP,
     AdapterError,
     AdapterSpec,
-    BlockPlan,
+    ModelBlocks,
     ModelSpec,
     get_adapter,
     registered_adapters,
@@ -95,9 +96,14 @@ class Subject:
         declares the class more than once (e.g. one spec per block variant)."""
         return f"{self.adapter.name}-{self.adapter.model_label(self.model)}"
 
-    def plan(self, model: nn.Module) -> BlockPlan:
+    def blocks(self, model: nn.Module) -> ModelBlocks:
         """``model``'s blocks as this subject's ModelSpec declares them (not another spec of the same class)."""
         return resolve_blocks(model, replace(self.adapter, models=(self.model,)))
+
+    def plan(self, model: nn.Module) -> ModelBlocks:
+        """The old name of :meth:`blocks` (a DeprecationWarning says so)."""
+        warnings.warn("Subject.plan(model) is deprecated; use Subject.blocks(model)", DeprecationWarning, stacklevel=2)
+        return self.blocks(model)
 
 
 def subjects_of(ref: AdapterRef) -> list[Subject]:

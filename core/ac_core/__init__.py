@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .blocks import Block, Container, ExcludedModules, ModelBlocks, model_blocks, modules_at, resolve_blocks
 from .checkpointing import (
     apply_activation_checkpointing,
     checkpointed_blocks,
@@ -14,16 +15,7 @@ from .checkpointing import (
     remove_activation_checkpointing,
 )
 from .errors import AdapterError, ConflictingCheckpointError, UnsupportedVersionError
-from .graph import (
-    DEFAULT_SAC_SAVE_OPS,
-    GraphRoute,
-    apply_sac_pass,
-    compile,
-    prepare_graph_route,
-    sac_aot_eager,
-    sac_inductor_options,
-    sac_partition,
-)
+from .graph import DEFAULT_SAC_SAVE_OPS, GraphRoute, apply_sac_pass, compile, prepare_graph_route
 from .offload import (
     Kept,
     OffloadConfig,
@@ -39,26 +31,33 @@ from .offload import (
     use_offload_transport,
 )
 from .ops import DEFAULT_RETAINED_OPS, RetainedOutput, RetentionLog, observe_retention, op_matches
-from .plan import Block, BlockPlan, Container, ExcludedModules, model_blocks, modules_at, resolve_blocks
 from .policies import (
+    BlockDecision,
+    BlockMode,
     BlockSelection,
     BlockSkip,
+    CheckpointType,
     Full,
+    GraphDecisions,
+    GraphRequest,
     Ops,
     PolicyConfig,
+    PolicyTraits,
+    graph_decisions,
+    graph_route_refusal,
     policy_config,
+    policy_traits,
     register_policy,
     registered_policies,
+    resolve_checkpointing_type,
     select,
 )
-from .policy import CheckpointType, resolve_checkpointing_type
 from .refs import is_ref, load_ref
 from .registry import (
     ENTRY_POINT_GROUP,
     get_adapter,
     register_adapter,
     registered_adapters,
-    unregister_adapter,
 )
 from .spec import AdapterSpec, AttentionBackend, ExcludedContainer, ModelCase, ModelSpec
 from .warnings import reset_warnings
@@ -77,7 +76,37 @@ _LAZY = {
 }
 
 
+# Old public names, still served with a DeprecationWarning naming the new one.
+_RENAMED = {"BlockPlan": "ModelBlocks"}
+# Old wrappers of the graph pass, now spelled through GraphRoute.
+_GRAPH_WRAPPERS = {
+    "sac_aot_eager": "ac_core.GraphRoute(retain, blocks, outside_modules).aot_eager()",
+    "sac_inductor_options": "ac_core.GraphRoute(retain, blocks, outside_modules).inductor_options(options)",
+    "sac_partition": "ac_core.GraphRoute(...).partition_fn()",
+}
+
+
+# Public names that only tests used, moved off the root: still served from their module, with a DeprecationWarning.
+_MOVED = {"unregister_adapter": "ac_core.registry", "unregister_policy": "ac_core.policies"}
+
+
 def __getattr__(name: str) -> object:
+    if name in _MOVED:
+        import importlib
+
+        from ._deprecated import old_attribute
+
+        home = _MOVED[name]
+        return old_attribute(__name__, name, f"{home}.{name}", getattr(importlib.import_module(home), name))
+    if name in _RENAMED:
+        from ._deprecated import old_attribute
+
+        return old_attribute(__name__, name, f"ac_core.{_RENAMED[name]}", globals()[_RENAMED[name]])
+    if name in _GRAPH_WRAPPERS:
+        from ._deprecated import old_attribute
+        from .graph import wrappers
+
+        return old_attribute(__name__, name, _GRAPH_WRAPPERS[name], getattr(wrappers, name))
     if name not in _LAZY:
         raise AttributeError(f"module 'ac_core' has no attribute {name!r}")
     import importlib
@@ -99,7 +128,8 @@ __all__ = [  # noqa: RUF022  # the lazy names first
     "AdapterSpec",
     "AttentionBackend",
     "Block",
-    "BlockPlan",
+    "BlockDecision",
+    "BlockMode",
     "BlockSelection",
     "BlockSkip",
     "CheckpointType",
@@ -108,8 +138,11 @@ __all__ = [  # noqa: RUF022  # the lazy names first
     "ExcludedContainer",
     "ExcludedModules",
     "Full",
+    "GraphDecisions",
+    "GraphRequest",
     "GraphRoute",
     "Kept",
+    "ModelBlocks",
     "ModelCase",
     "ModelSpec",
     "OffloadConfig",
@@ -118,6 +151,7 @@ __all__ = [  # noqa: RUF022  # the lazy names first
     "OffloadTransport",
     "Ops",
     "PolicyConfig",
+    "PolicyTraits",
     "RetainedOutput",
     "RetentionLog",
     "UnsupportedVersionError",
@@ -128,6 +162,8 @@ __all__ = [  # noqa: RUF022  # the lazy names first
     "checkpointed_blocks",
     "compile",
     "get_adapter",
+    "graph_decisions",
+    "graph_route_refusal",
     "is_activation_checkpointed",
     "is_ref",
     "last_offload_stats",
@@ -139,6 +175,7 @@ __all__ = [  # noqa: RUF022  # the lazy names first
     "offload_activations",
     "op_matches",
     "policy_config",
+    "policy_traits",
     "prepare_graph_route",
     "register_adapter",
     "register_policy",
@@ -149,10 +186,6 @@ __all__ = [  # noqa: RUF022  # the lazy names first
     "reset_warnings",
     "resolve_blocks",
     "resolve_checkpointing_type",
-    "sac_aot_eager",
-    "sac_inductor_options",
-    "sac_partition",
     "select",
-    "unregister_adapter",
     "use_offload_transport",
 ]

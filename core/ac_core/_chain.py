@@ -9,21 +9,10 @@ last one removed restores the forward that was there. The module tree is left as
 parameter, module and state_dict name stays the plain model's.
 
 Other libraries replace the instance's ``forward`` too, and keep the forward they replaced, to call it
-and to put it back:
-
-- diffusers (``HookRegistry.register_hook``: group offloading, layerwise casting, the caches) sets
-  ``module.forward = functools.update_wrapper(partial(new_forward, module), forward)`` around whatever
-  ``module.forward`` was, and calls that forward from a ``HookFunctionReference`` (its ``forward``, or
-  ``original_forward`` for hooks with a ``new_forward``); ``remove_hook`` puts it back on the module
-  (outermost hook) or into the next hook's reference.
-- accelerate (``add_hook_to_module``: ``cpu_offload``, ``dispatch_model``, AlignDevicesHook) keeps it as
-  ``module._old_forward``, calls ``module._old_forward`` at each call, and ``remove_hook_from_module`` sets
-  ``module.forward = module._old_forward``.
-
-Their pre-forward puts the weights where the forward needs them (group offloading onloads the group,
-AlignDevicesHook loads them) and their post-forward takes them away again, so a checkpoint must run them
-again when it recomputes; diffusers' own checkpointing does, as it calls the block's ``__call__`` inside
-``torch.utils.checkpoint``. Hence, where a foreign forward meets ac-core's:
+and to put it back: diffusers' and accelerate's hooks, read by :mod:`ac_core.libraries.hooks` (which says
+how each keeps it and what its pre- and post-forward do). Their pre-forward readies the weights and their
+post-forward takes them away again, so a checkpoint must run them again when it recomputes. Hence, where
+a foreign forward meets ac-core's:
 
 - **The layers run at the top.** A foreign forward set over ac-core's (its library applied after ac-core)
   gets another ac-core forward over it, which runs the layers around it: checkpoint(foreign forward ->
@@ -32,17 +21,14 @@ again when it recomputes; diffusers' own checkpointing does, as it calls the blo
   added, or at the first call that comes up through it; that call is already inside it, so the layers
   that run their call again (checkpoint) sit that one call out (exact, and that block keeps its
   activations once), and every module of the same model is settled then, before its own call.
-- **Ac-core's forward is kept where those libraries keep what they restore.** Added over a diffusers or
-  accelerate forward, ac-core also puts a forward of its own where that library keeps the forward it
-  wrapped, so removing their hook brings back ac-core's (which runs the layers once on top) and not the
-  forward from before ac-core. Removing ac-core's last layer takes its forwards out of those places again;
-  one still called by a forward that keeps it elsewhere (``__wrapped__`` only) passes straight through.
-- **A foreign post-forward below a checkpoint runs in the recompute.** torch's early stop ends a recompute
-  once it has what backward needs, before the post-forward that offloads the group again (diffusers' own
-  checkpointing onloads 6 groups and offloads none in the backward of a tiny Flux), so it is off where a
-  hook below has a post-forward (group offloading, AlignDevicesHook). It stays on where a diffusers cache is
-  below too: its ``new_forward`` bookkeeping after the block, rerun in full, would save tensors the
-  forward did not (checkpoint raises), so it stops where diffusers' own checkpointing stops it.
+- **Ac-core's forward is kept where those libraries keep what they restore.** Added over a library's
+  hook, ac-core also puts a forward of its own where that library keeps the forward it wrapped, so
+  removing their hook brings back ac-core's (which runs the layers once on top) and not the forward from
+  before ac-core. Removing ac-core's last layer takes its forwards out of those places again; one still
+  called by a forward that keeps it elsewhere (``__wrapped__`` only) passes straight through.
+- **A foreign post-forward below a checkpoint runs in the recompute.** torch's early stop, which would end
+  a recompute before that post-forward, is off where a hook below undoes its pre-forward; it stays on
+  where a hook below replaces the call with work of its own after the block (``Hook.replaces_call``).
 - **What no longer reaches ac-core's forward is reported.** A forward that replaced ac-core's without
   keeping it (a library that restored what it had kept from before ac-core) makes :func:`active` false;
   removal then leaves that forward as it is rather than put back a stale one.
@@ -62,7 +48,8 @@ from typing import Any, ClassVar, TypeGuard
 from torch import nn
 from torch.utils.checkpoint import set_checkpoint_early_stop
 
-from .library_checkpointing import ModuleRef
+from ._module_ref import ModuleRef
+from .libraries import hooks
 
 CHAIN_ATTR = "_ac_core_chain"
 
@@ -191,37 +178,12 @@ def _under_foreign(forward: _ChainedForward, chain: _Chain, top: Any, args: tupl
 _Link = tuple[Any, Callable[[Any], None] | None]
 
 
-def _diffusers_reference(forward: Any) -> Any:
-    """The ``HookFunctionReference`` a diffusers hook's forward calls through, or None for other forwards."""
-    function = forward.func if isinstance(forward, functools.partial) else None
-    if getattr(function, "__module__", None) != "diffusers.hooks.hooks":
-        return None
-    # create_new_forward's new_forward closes over the reference it calls through.
-    names = getattr(getattr(function, "__code__", None), "co_freevars", ())
-    for name, cell in zip(names, getattr(function, "__closure__", None) or (), strict=False):
-        if name == "function_reference" and hasattr(cell.cell_contents, "original_forward"):
-            return cell.cell_contents
-    return None
-
-
-def _is_accelerate(module: nn.Module, forward: Any) -> bool:
-    return (
-        isinstance(forward, functools.partial)
-        and getattr(forward.func, "__module__", None) == "accelerate.hooks"
-        and forward.args[:1] == (module,)
-        and "_old_forward" in module.__dict__
-    )
-
-
 def _link(module: nn.Module, forward: Any) -> _Link | None:
     if _is_ours(forward, module):
         return forward.below, functools.partial(setattr, forward, "below")
-    reference = _diffusers_reference(forward)
-    if reference is not None:
-        attribute = "original_forward" if reference.original_forward is not None else "forward"
-        return getattr(reference, attribute), functools.partial(setattr, reference, attribute)
-    if _is_accelerate(module, forward):
-        return module.__dict__["_old_forward"], functools.partial(module.__dict__.__setitem__, "_old_forward")
+    hook = hooks.hook_of(module, forward)
+    if hook is not None:
+        return hook.below, hook.redirect
     wrapped = getattr(forward, "__wrapped__", None)
     return (wrapped, None) if wrapped is not None else None
 
@@ -245,7 +207,7 @@ def _reaches_ours(module: nn.Module, forward: Any) -> bool:
 
 
 def _is_class_forward(module: nn.Module, forward: Any) -> bool:
-    """Whether ``forward`` is the class's forward bound to ``module`` (as diffusers and accelerate keep it)."""
+    """Whether ``forward`` is the class's forward bound to ``module`` (as a library's hook keeps it)."""
     return (
         isinstance(forward, types.MethodType)
         and forward.__self__ is module
@@ -253,39 +215,25 @@ def _is_class_forward(module: nn.Module, forward: Any) -> bool:
     )
 
 
-def _own_post_forward(hook: Any) -> bool:
-    """Whether a diffusers or accelerate hook has a post-forward of its own, not its base ``ModelHook``'s no-op."""
-    hooks = getattr(hook, "hooks", None)  # accelerate's SequentialHook
-    if isinstance(hooks, (list, tuple)):
-        return any(_own_post_forward(each) for each in hooks)
-    owner = next((cls for cls in type(hook).__mro__ if "post_forward" in cls.__dict__), None)
-    return owner is not None and owner.__name__ != "ModelHook"
-
-
 def _undoes_below(module: nn.Module, forward: Any) -> bool:
-    """Whether a hook at or below ``forward`` undoes its pre-forward in a post-forward (group offloading, accelerate's
-    AlignDevicesHook), which a recompute must run too, and none replaces the call with a ``new_forward`` of its own
-    (diffusers' caches), whose work after the call a recompute must not run."""
+    """Whether a hook at or below ``forward`` undoes its pre-forward in a post-forward, which a recompute must run
+    too, and none replaces the call with a forward of its own, whose work after the call a recompute must not run."""
     undoes = False
     for each in (forward, *(target for target, _ in _links(module, forward))):
-        reference = _diffusers_reference(each)
-        if reference is not None:
-            if reference.original_forward is not None:
+        hook = hooks.hook_of(module, each)
+        if hook is not None:
+            if hook.replaces_call():
                 return False
-            undoes = undoes or _own_post_forward(getattr(reference.post_forward, "__self__", None))
-        elif _is_accelerate(module, each):
-            undoes = undoes or _own_post_forward(module.__dict__.get("_hf_hook"))
+            undoes = undoes or hook.undoes()
     return undoes
 
 
 def _describe(module: nn.Module, forward: Any) -> str:
     if forward is None or _is_class_forward(module, forward):
         return "the class's forward"
-    if _diffusers_reference(forward) is not None:
-        registry = module.__dict__.get("_diffusers_hook")
-        return f"diffusers' hooks ({', '.join(getattr(registry, '_hook_order', ())) or '?'})"
-    if _is_accelerate(module, forward):
-        return f"accelerate's {type(module.__dict__.get('_hf_hook')).__name__}"
+    hook = hooks.hook_of(module, forward)
+    if hook is not None:
+        return hook.describe()
     return f"an instance forward ({getattr(forward, '__qualname__', type(forward).__name__)})"
 
 

@@ -16,11 +16,13 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from . import _chain, library_checkpointing
+from . import _chain
+from ._module_ref import ModuleRef
 from ._recompute import BlockCall
-from .offload import _regions as offload_regions
+from .libraries import checkpointing as library_checkpointing
+from .offload import seam as offload_seam
 from .ops import BlockRetention, selective_context, warn_nothing_retained
-from .policy import CheckpointType
+from .policies.modes import BlockMode
 
 KIND = "checkpoint"
 
@@ -30,7 +32,7 @@ def _call_by_position(call_next: Callable[..., Any], names: tuple[str, ...], *ar
     return call_next(*args[:split], **dict(zip(names, args[split:], strict=True)))
 
 
-def _checkpoint(
+def checkpoint_call(
     module: nn.Module, path: str, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any], **options: Any
 ) -> Any:
     """torch.utils.checkpoint of the rest of the chain, marked as a checkpoint for activation offload.
@@ -41,12 +43,12 @@ def _checkpoint(
     if torch.compiler.is_compiling():
         return checkpoint(call_next, *args, use_reentrant=False, **options, **kwargs)
     call_next = BlockCall(call_next, module, path)
-    if not offload_regions.session_active():
+    if not offload_seam.session_active():
         return checkpoint(call_next, *args, use_reentrant=False, **options, **kwargs)
     # checkpoint keeps keyword arguments in a closure, out of reach of saved-tensor hooks; passed by
     # position they are saved like the others, so offload can move them (checkpoint_inputs).
     names = tuple(kwargs)
-    with offload_regions.checkpoint_inputs_scope():
+    with offload_seam.checkpoint_inputs_scope():
         return checkpoint(_call_by_position, call_next, names, *args, *kwargs.values(), use_reentrant=False, **options)
 
 
@@ -67,7 +69,7 @@ class CheckpointLayer(_chain.ForwardLayer):
 
     def __init__(
         self,
-        policy: CheckpointType,
+        policy: BlockMode,
         retained: frozenset[str],
         path: str,
         expects_attention: bool = True,
@@ -82,7 +84,7 @@ class CheckpointLayer(_chain.ForwardLayer):
         # The model ``path`` is an FQN in (weakly): where the model library's own checkpointing is switched on
         # after ac-core's (on the model, as diffusers does, or on the block, as transformers does), the next
         # forward finds it on the way from there to the block and turns it off again.
-        self.root = library_checkpointing.ModuleRef(root)
+        self.root = ModuleRef(root)
         self.segments: tuple[str, ...] = tuple(path.split(".")) if path else ()
         self.preserve_rng_state = preserve_rng_state
 
@@ -98,19 +100,19 @@ class CheckpointLayer(_chain.ForwardLayer):
 
     def _run(self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         rng = self.preserve_rng_state
-        if self.policy is not CheckpointType.OPS:
-            return _checkpoint(module, self.path, call_next, args, kwargs, preserve_rng_state=rng)
+        if self.policy != BlockMode.OPS:
+            return checkpoint_call(module, self.path, call_next, args, kwargs, preserve_rng_state=rng)
         if torch.compiler.is_compiling():
             # Under torch.compile context_fn must be a partial of constants, so nothing is recorded.
             context_fn = functools.partial(selective_context, self.retained, self.path)
-            return _checkpoint(
+            return checkpoint_call(
                 module, self.path, call_next, args, kwargs, preserve_rng_state=rng, context_fn=context_fn
             )
         # torch 2.13 no longer calls the policy during recompute, so a block that retained nothing
         # is detected here, right after its forward, from what the policy saw.
         record = BlockRetention()
         context_fn = functools.partial(selective_context, self.retained, self.path, record)
-        out = _checkpoint(module, self.path, call_next, args, kwargs, preserve_rng_state=rng, context_fn=context_fn)
+        out = checkpoint_call(module, self.path, call_next, args, kwargs, preserve_rng_state=rng, context_fn=context_fn)
         if not record.retained and self.expects_attention:
             warn_nothing_retained(type(module).__name__, record)
         return out

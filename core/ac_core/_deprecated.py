@@ -1,4 +1,4 @@
-"""Old keyword names that keep working, with a DeprecationWarning naming the new one."""
+"""Old keyword and attribute names that keep working, with a DeprecationWarning naming the new one."""
 
 from __future__ import annotations
 
@@ -17,3 +17,9 @@ def renamed(function: str, old: str, new: str, old_value: Any, new_value: Any, n
         raise TypeError(f"{function}() got both {old}= and its new name {new}=; pass {new}= only")
     warnings.warn(f"{function}(): {old}= is renamed {new}=; pass {new}= instead", DeprecationWarning, stacklevel=3)
     return old_value
+
+
+def old_attribute(module: str, old: str, use: str, value: Any) -> Any:
+    """``value`` looked up under its old public name ``module.old``, with a DeprecationWarning naming ``use``."""
+    warnings.warn(f"{module}.{old} is deprecated; use {use}", DeprecationWarning, stacklevel=3)
+    return value

@@ -11,13 +11,13 @@ from torch import nn
 from . import _chain, _checkpoint
 from ._conflicts import check_foreign_wrappers
 from ._deprecated import UNSET, renamed
+from .blocks import ModelBlocks, resolve_blocks
 from .coverage import undeclared_containers
-from .library_checkpointing import disable_library_checkpointing
+from .libraries.checkpointing import disable_library_checkpointing
+from .libraries.transformers import train_without_kv_cache, use_checkpointed_test
 from .offload import OffloadConfig
 from .offload import model as offload_model
-from .plan import BlockPlan, resolve_blocks
-from .policies import PolicyConfig, containers_for, policy_config, select
-from .policy import CheckpointType
+from .policies import BlockMode, CheckpointType, PolicyConfig, containers_for, policy_config, select
 from .spec import AdapterSpec
 
 logger = logging.getLogger("ac_core")
@@ -57,14 +57,14 @@ def apply_activation_checkpointing(
     config = policy_config(checkpointing_type, n_layer, retain)
     if offload is not None and not isinstance(offload, OffloadConfig):
         raise TypeError(f"offload takes an OffloadConfig, e.g. OffloadConfig(min_tokens=32768); got {offload!r}")
-    plan = resolve_blocks(model, adapter, containers_for(config, adapter, blocks))
-    selected = select(config, plan)
+    resolved = resolve_blocks(model, adapter, containers_for(config, adapter, blocks))
+    selected = select(config, resolved)
     check_foreign_wrappers(model)
-    prepared_offload = offload_model.prepare(plan, offload) if offload is not None else None
+    prepared_offload = offload_model.prepare(resolved, offload) if offload is not None else None
 
     # Everything is validated: from here on the model changes.
     disable_library_checkpointing(model)
-    _prepare(plan)
+    _prepare(resolved)
     # Foreign forwards (diffusers', accelerate's hooks) met on the way are reported once for all blocks.
     with _chain.reports():
         remove_activation_checkpointing(model)
@@ -82,42 +82,39 @@ def apply_activation_checkpointing(
         if prepared_offload is not None:
             prepared_offload.install()
     _chain.link_root(model)
-    _warn_undeclared(plan)
+    _warn_undeclared(resolved)
     logger.info(
         "ac-core: %s checkpointing on %d of %d blocks of %s (%s)%s",
         config.name,
         len(selected),
-        len(plan),
+        len(resolved),
         type(model).__name__,
-        plan.source,
+        resolved.source,
         f", offload from {offload.min_tokens} tokens" if offload is not None and offload.enabled else "",
     )
     return model
 
 
-def _warn_undeclared(plan: BlockPlan) -> None:
+def _warn_undeclared(resolved: ModelBlocks) -> None:
     # Silent partial coverage trains fine and saves half the memory it should: say it where it happens.
-    undeclared = undeclared_containers(plan)
+    undeclared = undeclared_containers(resolved)
     if undeclared:
         logger.warning(
             "ac-core: %s has blocks outside every container %s declares, left unchecked: %s. Add them to the "
             "ModelSpec's containers (or to excluded, with the reason), or to blocks=[...].",
-            type(plan.model).__name__,
-            plan.source,
+            type(resolved.model).__name__,
+            resolved.source,
             "; ".join(f"{fqn!r} ({where})" for fqn, where in undeclared.items()),
         )
 
 
-def _prepare(plan: BlockPlan) -> None:
+def _prepare(resolved: ModelBlocks) -> None:
     """What the adapter says training under checkpointing needs (e.g. Llama's KV cache off), done to the model it
     serves (inside a wrapper too); and for a model with a KV cache (a transformers model whose config has
     ``use_cache``), training forwards without it, whichever route named the blocks (the adapter or ``blocks=``)."""
-    if plan.adapter is not None and plan.adapter.prepare is not None:
-        plan.adapter.prepare(plan.served_model)
-    # Imported here: it imports this module (is_activation_checkpointed).
-    from .libraries.transformers import train_without_kv_cache
-
-    train_without_kv_cache(plan.model)
+    if resolved.adapter is not None and resolved.adapter.prepare is not None:
+        resolved.adapter.prepare(resolved.served_model)
+    train_without_kv_cache(resolved.model)
 
 
 def remove_activation_checkpointing(model: nn.Module) -> nn.Module:
@@ -134,13 +131,13 @@ def remove_activation_checkpointing(model: nn.Module) -> nn.Module:
     return model
 
 
-def checkpointed_blocks(model: nn.Module) -> dict[str, CheckpointType]:
+def checkpointed_blocks(model: nn.Module) -> dict[str, BlockMode]:
     """FQN -> policy (FULL or OPS) of every block of ``model`` that ac-core checkpoints (``""``: the model).
 
     A block whose ac-core forward another library replaced without keeping it (e.g. removing its hook put
     back the forward from before ac-core's) is not checkpointed: it is left out, with a warning.
     """
-    result: dict[str, CheckpointType] = {}
+    result: dict[str, BlockMode] = {}
     with _chain.reports():
         for name, module in model.named_modules():
             layer = _checkpoint.layer_of(module)
@@ -158,3 +155,7 @@ def is_activation_checkpointed(module: nn.Module) -> bool:
         (_checkpoint.layer_of(m) is not None and _chain.active(m)) or hasattr(m, "_checkpoint_wrapped_module")
         for m in module.modules()
     )
+
+
+# The KV-cache guard (libraries/transformers.py) sits below this module: it is told here what checkpointed means.
+use_checkpointed_test(is_activation_checkpointed)

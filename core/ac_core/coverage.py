@@ -1,4 +1,4 @@
-"""Containers of blocks a plan leaves out: what an adapter (or ``blocks=``) may have missed.
+"""Containers of blocks a model's resolved blocks leave out: what an adapter (or ``blocks=``) may have missed.
 
 A block is recognised by its class: the classes of the declared blocks, those of the adapter's
 ``attention_calls``, and the model's own statement of its repeated blocks (diffusers' and transformers'
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .plan import BlockPlan
+from .blocks import ModelBlocks
 
 # Decoder layers of transformers 5 derive from this class; its name is enough, nothing is imported.
 _TRANSFORMERS_LAYER_BASE = "GradientCheckpointingLayer"
@@ -18,12 +18,12 @@ _TRANSFORMERS_LAYER_BASE = "GradientCheckpointingLayer"
 _CONTAINER_TYPES = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
 
 
-def block_classes(plan: BlockPlan) -> frozenset[str]:
-    """Class names that mark a module of ``plan.model`` as one of its blocks."""
-    names = {block.class_name for block in plan}
-    if plan.model_spec is not None:
-        names |= set(plan.model_spec.attention_calls)
-    for module in (plan.model, plan.served_model):
+def block_classes(resolved: ModelBlocks) -> frozenset[str]:
+    """Class names that mark a module of ``resolved.model`` as one of its blocks."""
+    names = {block.class_name for block in resolved}
+    if resolved.model_spec is not None:
+        names |= set(resolved.model_spec.attention_calls)
+    for module in (resolved.model, resolved.served_model):
         for attr in ("_no_split_modules", "_repeated_blocks"):
             value = getattr(module, attr, None) or ()
             names |= {value} if isinstance(value, str) else {str(v) for v in value}
@@ -35,13 +35,13 @@ def _inside(fqn: str, prefixes: set[str]) -> bool:
     return any(fqn == p or fqn.startswith(p + ".") for p in prefixes)
 
 
-def undeclared_containers(plan: BlockPlan) -> dict[str, str]:
-    """FQN -> "ClassName at fqn.i" of each ModuleList (ModuleDict, Sequential) holding blocks that the plan neither
+def undeclared_containers(resolved: ModelBlocks) -> dict[str, str]:
+    """FQN -> "ClassName at fqn.i" of each ModuleList (ModuleDict, Sequential) holding blocks that ``resolved`` neither
     checkpoints nor declares excluded."""
-    classes = block_classes(plan)
-    known = {c.path for c in plan.containers} | {fqn for e in plan.excluded for fqn, _ in e.modules}
+    classes = block_classes(resolved)
+    known = {c.path for c in resolved.containers} | {fqn for e in resolved.excluded for fqn, _ in e.modules}
     found: dict[str, str] = {}
-    for fqn, module in plan.model.named_modules():
+    for fqn, module in resolved.model.named_modules():
         if not fqn or not isinstance(module, _CONTAINER_TYPES) or _inside(fqn, known):
             continue
         for name, child in module.named_children():

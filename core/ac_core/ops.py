@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ._sac import selective_contexts
-from .spec import is_collective
+from .collectives import is_collective
 from .warnings import warn_once
 
 # PyTorch's fused SDPA kernels. The CPU kernel is listed too: without it 'ops' recomputes

@@ -15,16 +15,9 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from .collectives import is_collective
 from .errors import AdapterError
 from .refs import is_ref, load_ref
-
-# Op namespaces of collectives. Nothing in them is ever retained: see ops.py for why.
-COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "c10d", "c10d_functional")
-
-
-def is_collective(op_name: str) -> bool:
-    """True for a dispatcher op name in a collective namespace, e.g. ``_c10d_functional::all_gather_into_tensor``."""
-    return op_name.split("::", 1)[0] in COLLECTIVE_NAMESPACES and "::" in op_name
 
 
 def _tupled(obj: Any, name: str, value: Any) -> None:

@@ -1,9 +1,13 @@
-"""A toy transformer built from a config in code, for tests, examples and the graph-pass figures.
+"""Test helpers: :func:`make_case`, the recipe of every tiny and preset factory, and a toy transformer built
+from a config in code, for tests, examples and the graph-pass figures.
 
-It needs nothing beyond torch, so it serves where no adapter's library is installed.
+They need nothing beyond torch, so they serve where no adapter's library is installed.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +16,30 @@ from torch.utils.checkpoint import checkpoint
 
 from .ops import DEFAULT_RETAINED_OPS
 from .spec import AdapterSpec, AttentionBackend, ModelCase, ModelSpec
+
+
+def make_case(
+    model: Callable[[], nn.Module],
+    inputs: Callable[[], Mapping[str, Any]],
+    loss: Callable[[Any], torch.Tensor],
+    *,
+    seed: int | None = 0,
+) -> ModelCase:
+    """A :class:`ModelCase` of ``model()`` in training mode, ``inputs()`` and ``loss``, with torch seeded first.
+
+    The model is built before the inputs are drawn, so that ``seed`` fixes both and every call returns the
+    same weights and inputs: a factory is then only its data, e.g. ``make_case(lambda: Model(layers=2),
+    lambda: {"x": torch.randn(1, 8, 16)}, loss)``. ``seed=None`` leaves torch's generator as it is (the
+    real-width presets, which are measured, not compared).
+    """
+    if seed is not None:
+        torch.manual_seed(seed)
+    built = model().train()
+    return ModelCase(built, dict(inputs()), loss)
+
+
+def _mean_square(output: torch.Tensor) -> torch.Tensor:
+    return output.float().pow(2).mean()
 
 
 class ToyBlock(nn.Module):
@@ -96,10 +124,12 @@ def toy_case(
     seed: int = 0,
 ) -> ModelCase:
     """A seeded ToyTransformer with one batch of inputs and a mean-square loss."""
-    torch.manual_seed(seed)
-    model = ToyTransformer(dim, heads, depth, dropout, attention)
-    x = torch.randn(batch, tokens, dim)
-    return ModelCase(model, {"x": x}, lambda out: out.float().pow(2).mean())
+    return make_case(
+        lambda: ToyTransformer(dim, heads, depth, dropout, attention),
+        lambda: {"x": torch.randn(batch, tokens, dim)},
+        _mean_square,
+        seed=seed,
+    )
 
 
 def toy_wide(*, layers: int = 4, seq: int | None = None) -> ModelCase:

@@ -48,9 +48,9 @@ def _block_classes(model: nn.Module) -> set[str]:
 @pytest.mark.parametrize(("spec", "model_spec"), list(served()))
 def test_containers_resolve_with_the_expected_blocks(spec, model_spec):
     case = model_spec.build_tiny()
-    plan = resolve_blocks(case.model, blocks=model_spec.containers)
-    assert {c.path: len(c.blocks) for c in plan.containers} == EXPECTED_BLOCKS[case_id(spec, model_spec)]
-    classes = {block.class_name for block in plan}
+    resolved = resolve_blocks(case.model, blocks=model_spec.containers)
+    assert {c.path: len(c.blocks) for c in resolved.containers} == EXPECTED_BLOCKS[case_id(spec, model_spec)]
+    classes = {block.class_name for block in resolved}
     assert classes <= set(model_spec.attention_calls), "every block class declares its attention calls"
     if case_id(spec, model_spec) in EXPECTED_CLASSES:
         assert classes == EXPECTED_CLASSES[case_id(spec, model_spec)]

@@ -33,8 +33,8 @@ def test_preset_builds_on_meta_with_the_requested_shape(name):
     for layers, seq, tokens in ((1, None, PRESETS[name][1]), (2, 1000, PRESETS[name][2])):
         with torch.device("meta"):
             case = factory(layers=layers, seq=seq)
-        plan = resolve_blocks(case.model, blocks=model_spec.containers)
-        assert {len(container.blocks) for container in plan.containers} == {layers}
+        resolved = resolve_blocks(case.model, blocks=model_spec.containers)
+        assert {len(container.blocks) for container in resolved.containers} == {layers}
         assert adapter.token_count(case.model, case.inputs) == tokens
         assert case.model.training
         with torch.device("meta"):  # shapes line up at the real width

@@ -8,10 +8,9 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ac_core import apply_activation_checkpointing, checkpointed_blocks, remove_activation_checkpointing
-from ac_core.budget import Budget, CheckpointPlan, parse_budget, plan_activation_checkpointing
+from ac_core import CheckpointType, apply_activation_checkpointing, checkpointed_blocks, remove_activation_checkpointing
+from ac_core.budget import Budget, CheckpointPlan, MemoryBudget, plan_activation_checkpointing
 from ac_core.measure import held_for_backward, measure_step
-from ac_core.policy import CheckpointType
 from ac_core.testing import ToyTransformer, toy_case
 
 BLOCKS = ["layers"]
@@ -146,8 +145,10 @@ def test_bad_budgets(toy, caplog):
     with caplog.at_level(logging.WARNING, logger="ac_core"):
         plan = plan_activation_checkpointing(case.model, case.inputs, 1.0, blocks=BLOCKS)
     assert {b.mode for b in plan.blocks} == {"none"} and "checkpoints no block" in caplog.text
-    assert parse_budget("40GiB") == ("bytes", 40 * 2**30)
-    assert parse_budget("1.5 MB") == ("bytes", 1.5e6)
+    assert MemoryBudget.of("40GiB").nbytes == 40 * 2**30
+    assert MemoryBudget.of("1.5 MB").nbytes == 1_500_000
+    assert MemoryBudget.of(0.5).bytes_of(1000) == 500 and MemoryBudget.of("1KB").fraction_of(4000) == 0.25
+    assert MemoryBudget.of(MemoryBudget.of(0.5)) == MemoryBudget.of(0.5)  # parsed once, taken as is downstream
     with pytest.raises(ValueError, match="needs memory_budget"):
         Budget()
     with pytest.raises(ValueError, match=r"made by ac_core\.plan_activation_checkpointing"):

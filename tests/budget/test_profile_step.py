@@ -12,10 +12,10 @@ from torch import nn
 
 import ac_core
 from ac_core import apply_activation_checkpointing, checkpointed_blocks, remove_activation_checkpointing
+from ac_core.blocks import resolve_blocks
 from ac_core.budget import StepProfile, plan_activation_checkpointing, profile_model, profile_step
 from ac_core.budget.profile import _held_all_full
 from ac_core.measure import held_for_backward, measure_step
-from ac_core.plan import resolve_blocks
 from ac_core.testing import LibraryCheckpointingToy, toy_case
 from tests.budget.noisy import DIM, Counts, InPlaceBlock, Noisy, NoisyBlock
 
@@ -236,11 +236,11 @@ def test_tiny_models_step_figures_equal_the_example_inputs_ones():
         config = case.model.config
         if getattr(config, "use_cache", None) is True:  # transformers': left as it was
             config.use_cache = False  # as the step ran
-        block_plan = resolve_blocks(case.model)
-        expected = profile_model(block_plan, dict(case.inputs))
+        resolved = resolve_blocks(case.model)
+        expected = profile_model(resolved, dict(case.inputs))
         got = rec.profile
         assert (got.none_bytes, got.min_bytes, got.blocks) == (expected.none_bytes, expected.min_bytes, expected.blocks)
-        assert got.min_bytes == _held_all_full(block_plan, dict(case.inputs))[0]
+        assert got.min_bytes == _held_all_full(resolved, dict(case.inputs))[0]
         for fraction in FRACTIONS:
             assert rec.plan(fraction) == plan_activation_checkpointing(case.model, dict(case.inputs), fraction)
 

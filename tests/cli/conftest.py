@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from ac_core import register_adapter, registered_adapters, unregister_adapter
+from ac_core import register_adapter, registered_adapters
+from ac_core.registry import unregister_adapter
 from ac_core.testing import TOY_ADAPTER
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -11,10 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from ac_core import register_adapter, registered_adapters, unregister_adapter
+from ac_core import register_adapter, registered_adapters
 from ac_core.cli import main
-from ac_core.cli.rows import ROW_FIELDS, row_names
-from tests.cli.fakes import GHOST, LIBRARY_TOY
+from ac_core.cli.report import HOST_RATIO, HOST_STEP
+from ac_core.cli.rows import ROW_FIELDS, row_names, variants
+from ac_core.cli.runner import Settings, model_rows
+from ac_core.registry import unregister_adapter
+from tests.cli.fakes import COLD_MODELS, COLD_TOY, GHOST, LIBRARY_TOY, ColdToy
 
 POLICIES = row_names()  # none, the registered policies, library
 ENVIRONMENT_FIELDS = {"torch", "diffusers", "transformers", "device", "dtype", "preset", "seq", "layers", "steps"}
@@ -73,6 +77,7 @@ def test_toy_rows_json_table_and_plot(tmp_path, capsys):
     out = capsys.readouterr().out
     for label in ("none", "full", "ops", "block_skip(n=2)", "library", "skipped (1)", "no library checkpointing"):
         assert label in out
+    assert HOST_STEP in out and HOST_RATIO in out  # tiny models time Python, and the table says so
     assert _png_size(plot) == (500, 420)  # one panel: figsize 5 x 4.2 inches at 100 dpi
 
 
@@ -177,14 +182,36 @@ def test_every_registered_adapter_on_the_tiny_preset_in_about_a_minute(tmp_path,
     assert elapsed < 90, f"ac-core bench took {elapsed:.0f} s of CPU on the tiny preset"
 
 
-def test_a_preset_sized_by_layers_and_seq(tmp_path):
+def test_a_preset_sized_by_layers_and_seq(tmp_path, capsys):
     code, data = _bench(
         tmp_path, "--adapter", "toy", "--preset", "toy-wide", "--layers", "1", "--seq", "64", "--policy", "ops"
     )
     assert code == 0
+    out = capsys.readouterr().out
+    assert "host overhead" not in out and "vs none" in out  # a real-width preset times the step itself
     assert data["environment"]["layers"] == 1 and data["environment"]["seq"] == 64
     assert [row["tokens"] for row in data["rows"]] == [64, 64]
     assert data["rows"][1]["detail"] == "1 blocks checkpointed"
+
+
+@pytest.mark.parametrize("warmup", [1, 0])
+def test_a_models_one_time_cost_lands_in_no_timed_step(warmup):
+    settings = Settings("tiny", None, None, torch.device("cpu"), torch.float32, steps=2, warmup=warmup)
+    COLD_MODELS.clear()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # xdist's other worker shares the cores: no thread waits on a descheduled one
+    try:
+        rows = model_rows(COLD_TOY, COLD_TOY.models[0], variants(["full"], [2]), settings, lambda n: None)
+    finally:
+        torch.set_num_threads(threads)
+    (model,) = COLD_MODELS
+    assert [row.status for row in rows] == ["ok", "ok"], [row.reason for row in rows]
+    # The warm-up, then per row its measured step (collector on) and its two timed steps (collector paused).
+    assert model.collector == [True] * warmup + [True, False, False] * 2
+    assert gc.isenabled()
+    # The first forward's 0.5 s went to an untimed step: no timed step comes near it.
+    times = [t for row in rows for t in row.step_times_s or []]
+    assert len(times) == 4 and max(times) < ColdToy.cold_s / 2, times
 
 
 @pytest.mark.parametrize(

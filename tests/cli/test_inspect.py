@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from ac_core import register_adapter, registered_adapters, unregister_adapter
+from ac_core import register_adapter, registered_adapters
 from ac_core.cli import main
+from ac_core.registry import unregister_adapter
 from ac_core.testing import TOY_ADAPTER
 from tests.cli.fakes import GHOST
 

@@ -18,7 +18,6 @@ from ac_core import (
     BlockSkip,
     ExcludedContainer,
     ModelCase,
-    Ops,
     apply_activation_checkpointing,
     checkpointed_blocks,
     registered_policies,
@@ -26,6 +25,7 @@ from ac_core import (
 from ac_core.testing import TOY_ADAPTER
 from ac_core_conformance import (
     AdapterConformance,
+    attention_recomputes,
     check_attention_recomputed,
     check_attention_retained,
     check_coverage,
@@ -79,10 +79,12 @@ def test_the_checks_run_under_every_registered_policy():
 
     toy = subject(TOY_ADAPTER)
     assert [p.id for p in Suite()._dimension("policy", toy)] == list(registered_policies())
-    recompute = [p.values[0] for p in Suite()._dimension("recompute_policy", toy)]
-    assert recompute and not any(isinstance(p, Ops) for p in recompute)
-    with pytest.raises(ValueError, match="retains attention"):
-        check_attention_recomputed(toy, "ops")
+    # The recompute check runs under every policy: under ops no block reruns attention, under full each does.
+    blocks = [f"layers.{i}" for i in range(4)]  # the toy's four blocks, one attention call each
+    assert attention_recomputes(toy, "ops") == dict.fromkeys(blocks, 0)
+    assert check_attention_recomputed(toy, "ops") == 0
+    assert attention_recomputes(toy, "full") == dict.fromkeys(blocks, 1)
+    assert check_attention_recomputed(toy, BlockSkip(every=2)) == 2  # layers.0 and layers.2
 
 
 def test_container_running_attention_is_found_without_any_class_hint():
@@ -313,7 +315,7 @@ def test_pickle_check_fails_where_the_copy_loses_the_checkpointing(monkeypatch):
 
 
 def test_library_checkpointing_switched_on_after_apply_fails_where_it_is_not_found(monkeypatch):
-    from ac_core import library_checkpointing
+    from ac_core.libraries import checkpointing as library_checkpointing
 
     toy = subject(spec(ToyWithLibraryCheckpointing))
     message = check_library_checkpointing_after(toy, "ops")  # found and turned off as shipped

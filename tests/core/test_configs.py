@@ -100,8 +100,8 @@ class _FirstOnly(PolicyConfig):
 
 def test_a_new_policy_is_one_config_and_one_handler():
     @register_policy(_FirstOnly)
-    def _select(config: _FirstOnly, plan: ac_core.BlockPlan) -> list[BlockSelection]:
-        return [BlockSelection(block, CheckpointType.FULL) for block in plan if block.index == 0]
+    def _select(config: _FirstOnly, blocks: ac_core.ModelBlocks) -> list[BlockSelection]:
+        return [BlockSelection(block, CheckpointType.FULL) for block in blocks if block.index == 0]
 
     try:
         expected = loss_and_grads(toy_case(depth=3))

@@ -113,10 +113,10 @@ def model_name(request) -> str:
 
 
 def test_blocks_keep_their_fqns_and_index_by_position(model_name):
-    plan = resolve_blocks(_case(model_name).model, blocks=["layers"])
-    assert [block.path for block in plan] == PATHS[model_name]
-    assert [block.index for block in plan] == list(range(DEPTH))
-    assert [container.path for container in plan.containers] == ["layers"]
+    resolved = resolve_blocks(_case(model_name).model, blocks=["layers"])
+    assert [block.path for block in resolved] == PATHS[model_name]
+    assert [block.index for block in resolved] == list(range(DEPTH))
+    assert [container.path for container in resolved.containers] == ["layers"]
 
 
 @pytest.mark.parametrize(
@@ -207,8 +207,8 @@ def test_a_module_dict_of_containers_needs_a_star():
     model = ModeStack()
     with pytest.raises(AdapterError, match=r"'mode_blocks'.* its item 'image' is a ModuleList.*name 'mode_blocks\.\*'"):
         resolve_blocks(model, blocks=["mode_blocks"])
-    plan = resolve_blocks(model, blocks=["mode_blocks.*"])
-    assert [(b.path, b.index) for b in plan] == [
+    resolved = resolve_blocks(model, blocks=["mode_blocks.*"])
+    assert [(b.path, b.index) for b in resolved] == [
         ("mode_blocks.image.0", 0),
         ("mode_blocks.image.1", 1),
         ("mode_blocks.image.2", 2),

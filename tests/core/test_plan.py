@@ -1,4 +1,4 @@
-"""resolve_blocks: one BlockPlan with every block, its container, index and class, and the excluded containers."""
+"""resolve_blocks: one ModelBlocks with every block, its container, index and class, and the excluded containers."""
 
 from __future__ import annotations
 
@@ -32,29 +32,29 @@ _SPEC = AdapterSpec(
 
 def test_plan_holds_every_block_with_its_container_index_class_and_attention():
     model = _TwoStacks()
-    plan = resolve_blocks(model, _SPEC)
-    assert plan.adapter is _SPEC and plan.model_spec is _SPEC.models[0] and plan.model is model
-    assert [c.path for c in plan.containers] == ["first", "second"]
-    assert [(b.path, b.index, b.container, b.class_name, b.expects_attention) for b in plan] == [
+    resolved = resolve_blocks(model, _SPEC)
+    assert resolved.adapter is _SPEC and resolved.model_spec is _SPEC.models[0] and resolved.model is model
+    assert [c.path for c in resolved.containers] == ["first", "second"]
+    assert [(b.path, b.index, b.container, b.class_name, b.expects_attention) for b in resolved] == [
         ("first.0", 0, "first", "ToyBlock", True),
         ("first.1", 1, "first", "ToyBlock", True),
         ("first.2", 2, "first", "ToyBlock", True),
         ("second.0", 0, "second", "Linear", False),
         ("second.1", 1, "second", "Linear", False),
     ]
-    assert plan.blocks[3].module is model.second[0]
-    assert len(plan) == 5 and plan.paths == {b.path for b in plan}
-    assert [(e.path, e.found, [n for n, _ in e.modules]) for e in plan.excluded] == [
+    assert resolved.blocks[3].module is model.second[0]
+    assert len(resolved) == 5 and resolved.paths == {b.path for b in resolved}
+    assert [(e.path, e.found, [n for n, _ in e.modules]) for e in resolved.excluded] == [
         ("refiner", True, ["refiner"]),
         ("gone", False, []),
     ]
-    assert plan.source == "adapter 'two_stacks'"
+    assert resolved.source == "adapter 'two_stacks'"
 
 
 def test_blocks_argument_needs_no_adapter():
-    plan = resolve_blocks(_TwoStacks(), blocks=["first"])
-    assert plan.adapter is None and plan.model_spec is None and plan.source == "blocks="
-    assert [b.path for b in plan] == ["first.0", "first.1", "first.2"]
+    resolved = resolve_blocks(_TwoStacks(), blocks=["first"])
+    assert resolved.adapter is None and resolved.model_spec is None and resolved.source == "blocks="
+    assert [b.path for b in resolved] == ["first.0", "first.1", "first.2"]
 
 
 def test_adapter_by_name_by_ref_and_by_spec_resolve_alike():

@@ -15,8 +15,8 @@ from ac_core import (
     get_adapter,
     register_adapter,
     registry,
-    unregister_adapter,
 )
+from ac_core.registry import unregister_adapter
 from ac_core.testing import TOY_ADAPTER, ToyTransformer, toy_case
 
 

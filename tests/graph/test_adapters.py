@@ -19,7 +19,7 @@ from ac_core import (
     apply_activation_checkpointing,
     registered_adapters,
 )
-from ac_core.library_checkpointing import library_checkpointing
+from ac_core.libraries.checkpointing import library_checkpointing
 from ac_core.measure.compiled import compiled_activations, with_and_without_pass
 from ac_core.testing import TOY_ADAPTER
 

@@ -12,10 +12,12 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch.utils.checkpoint import CheckpointPolicy
 
 import ac_core
+from ac_core import BlockDecision
 from ac_core.budget import Budget, plan_activation_checkpointing
-from ac_core.graph.keep_planned import BlockDecision, keep_planned
+from ac_core.experiments import compare_budgets
+from ac_core.graph.keep_planned import keep_planned
 from ac_core.measure import CompiledOpCounter
-from ac_core.measure.compiled import budget_activations, compare_budgets, compiled_activations
+from ac_core.measure.compiled import compiled_activations
 from ac_core.testing import toy_case
 
 from ..core.helpers import assert_same_training, loss_and_grads
@@ -36,7 +38,7 @@ def _plan(fraction: float, **toy):
 def test_plan_on_the_graph_holds_what_it_planned_and_trains_like_eager(caplog, fraction):
     case, plan = _plan(fraction)
     with caplog.at_level(logging.WARNING, logger="ac_core"):
-        measured = budget_activations(case, plan, blocks=BLOCKS)
+        measured = compiled_activations(case, sac=True, policy=plan, blocks=BLOCKS)
     assert not caplog.records  # every planned occurrence found a node
     recomputed_attention = sum(b.mode != "none" and ("aten::_scaled_dot_product_flash_attention_for_cpu", 0)
                                not in b.keep for b in plan.blocks)  # fmt: skip
@@ -65,7 +67,9 @@ def test_attention_is_recomputed_exactly_where_the_plan_says():
 def test_torch_solver_sets_its_budget_for_this_compile_only():
     plain = compiled_activations(toy_case())
     case = toy_case()
-    measured = budget_activations(case, Budget(0.25, example_inputs=case.inputs), solver="torch", blocks=BLOCKS)
+    measured = compiled_activations(
+        case, sac=True, policy=Budget(0.25, example_inputs=case.inputs), solver="torch", blocks=BLOCKS
+    )
     assert measured.saved_bytes < plain.saved_bytes / 2
     assert measured.recompute_flops > 0
     assert torch._functorch.config.activation_memory_budget == 1.0  # set around the partitioner, then restored
@@ -148,7 +152,7 @@ def test_occurrences_count_per_call_of_a_block():
     tags: dict[str, object] = {}
 
     def partition(gm, joint_inputs, **kwargs):
-        found = keep_planned(gm.graph, [BlockDecision("layers.0", "ops", frozenset({("aten::addmm", 1)}))])
+        found = keep_planned(gm.graph, [BlockDecision("layers.0", "ops", (("aten::addmm", 1),))])
         tags["found"] = found
         tags["kept"] = [
             n.name for n in gm.graph.nodes if n.meta.get("recompute") is CheckpointPolicy.MUST_SAVE

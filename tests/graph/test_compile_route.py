@@ -2,19 +2,37 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from typing import ClassVar
 
 import pytest
 import torch
 
 import ac_core
-from ac_core import CheckpointType, checkpointed_blocks, sac_inductor_options
+from ac_core import CheckpointType, GraphRoute, checkpointed_blocks
 from ac_core.measure import CompiledOpCounter, OpCounter
+from ac_core.policies import unregister_policy
 from ac_core.testing import toy_case
 
 from ..core.helpers import assert_same_training, loss_and_grads
 
 CPU_ATTENTION = ["aten::_scaled_dot_product_flash_attention_for_cpu"]
+
+
+@pytest.fixture
+def eager_only_full():
+    """A policy registered with a reason instead of graph decisions: ac_core.compile checkpoints it eagerly."""
+
+    @dataclasses.dataclass(frozen=True)
+    class EagerFull(ac_core.PolicyConfig):
+        name: ClassVar[str] = "eager_full"
+
+    ac_core.register_policy(EagerFull, graph="checkpointed eagerly by choice, for this test")(
+        lambda config, blocks: [ac_core.BlockSelection(b, ac_core.BlockMode.FULL) for b in blocks]
+    )
+    yield EagerFull
+    unregister_policy(EagerFull)
 
 
 def _pass_runs(caplog) -> int:
@@ -88,16 +106,22 @@ def test_dropout_trains_like_eager():
     assert_same_training(loss_and_grads(case), expected)
 
 
-@pytest.mark.parametrize("kind", [ac_core.Full(), ac_core.BlockSkip(every=2)], ids=["full", "block_skip"])
-def test_eager_types_are_applied_then_compiled(kind):
+@pytest.mark.parametrize(
+    ("kind", "whole"), [(ac_core.Full(), 2), (ac_core.BlockSkip(every=2), 1)], ids=["full", "skip"]
+)
+def test_every_policy_with_selections_takes_the_graph_route(caplog, kind, whole):
+    # Its selections become the pass's decisions: no eager checkpointing, and backward re-runs attention in
+    # exactly the blocks it recomputes whole (block_skip: block 0 of 2), where eager checkpointing would too.
     expected = loss_and_grads(toy_case(depth=2))
     case = toy_case(depth=2)
-    compiled = ac_core.compile(case.model, kind, blocks=["layers"], backend="aot_eager")
-    assert checkpointed_blocks(case.model) == {"layers.0": CheckpointType.FULL} | (
-        {"layers.1": CheckpointType.FULL} if isinstance(kind, ac_core.Full) else {}
-    )
-    case.model = compiled
-    assert_same_training(loss_and_grads(case), expected)
+    with caplog.at_level(logging.INFO, logger="ac_core"):
+        case.model = ac_core.compile(case.model, kind, blocks=["layers"], backend="aot_eager")
+        assert_same_training(loss_and_grads(case), expected)
+    assert checkpointed_blocks(case.model) == {} and _pass_runs(caplog) == 1
+    with CompiledOpCounter() as ops:
+        case.run().backward()
+    assert ops.count(CPU_ATTENTION) == 2
+    assert ops.count(CPU_ATTENTION, "backward") == whole
 
 
 def test_bad_backends_and_options_are_rejected_before_the_model_changes():
@@ -124,21 +148,23 @@ def test_inductor_options_chain_an_existing_pass_and_key_the_cache():
     def theirs(graph: torch.fx.Graph) -> None:
         return None
 
-    options = sac_inductor_options(options={"joint_custom_post_pass": theirs, "max_autotune": False})
+    options = GraphRoute().inductor_options({"joint_custom_post_pass": theirs, "max_autotune": False})
     first, ours = options["joint_custom_post_pass"]
     assert first is theirs and options["max_autotune"] is False
-    same = sac_inductor_options()["joint_custom_post_pass"]
-    other = sac_inductor_options(ac_core.DEFAULT_SAC_SAVE_OPS | {"mylib::attn"})["joint_custom_post_pass"]
+    same = GraphRoute().inductor_options()["joint_custom_post_pass"]
+    other = GraphRoute(ac_core.DEFAULT_SAC_SAVE_OPS | {"mylib::attn"}).inductor_options()["joint_custom_post_pass"]
     assert ours.uuid() == same.uuid() != other.uuid()
 
 
-def test_dynamic_eager_policy_names_the_upstream_failure_and_the_ways_that_work():
+def test_dynamic_eager_policy_names_the_upstream_failure_and_the_ways_that_work(eager_only_full):
     case = toy_case(depth=2)
     with pytest.raises(ValueError, match=r"193194.*'ops', dynamic=True.*specialize_float = True"):
-        ac_core.compile(case.model, "full", dynamic=True, backend="aot_eager", blocks=["layers"])
+        ac_core.compile(case.model, eager_only_full(), dynamic=True, backend="aot_eager", blocks=["layers"])
     assert checkpointed_blocks(case.model) == {}  # refused before anything changed
     expected = loss_and_grads(toy_case(depth=2))
     # torch's own config patch: it restores the option (pytest's monkeypatch cannot, on dynamo's config module).
     with torch._dynamo.config.patch(specialize_float=True):
-        case.model = ac_core.compile(case.model, "full", dynamic=True, backend="aot_eager", blocks=["layers"])
+        compiled = ac_core.compile(case.model, eager_only_full(), dynamic=True, backend="aot_eager", blocks=["layers"])
+        assert checkpointed_blocks(case.model) == {"layers.0": CheckpointType.FULL, "layers.1": CheckpointType.FULL}
+        case.model = compiled
         assert_same_training(loss_and_grads(case), expected)

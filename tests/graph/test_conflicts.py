@@ -9,7 +9,7 @@ import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
 import ac_core
-from ac_core import ConflictingCheckpointError, apply_activation_checkpointing, checkpointed_blocks, sac_aot_eager
+from ac_core import ConflictingCheckpointError, GraphRoute, apply_activation_checkpointing, checkpointed_blocks
 from ac_core.testing import LibraryCheckpointingToy, toy_case
 
 from ..core.helpers import assert_same_training, loss_and_grads, structure
@@ -35,7 +35,7 @@ def test_the_pass_over_eager_checkpointing_fails_to_partition(checkpointing, tmp
     # recomputed, a cut it cannot make.
     monkeypatch.chdir(tmp_path)  # the partitioner writes its failed graph to the working directory
     case = _case(checkpointing)
-    compiled = torch.compile(case.model, backend=sac_aot_eager())
+    compiled = torch.compile(case.model, backend=GraphRoute().aot_eager())
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="failed to partition"):
         case.loss(compiled(**case.inputs)).backward()
 

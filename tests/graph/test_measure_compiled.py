@@ -6,10 +6,11 @@ import functools
 
 import pytest
 
+from ac_core import experiments
 from ac_core.cli import compare, main
 from ac_core.cli.compare import format_table
-from ac_core.measure import compiled as measure
-from ac_core.measure.compiled import CompiledActivations, compare_routes
+from ac_core.experiments import compare_routes
+from ac_core.measure.compiled import CompiledActivations
 from ac_core.testing import toy_case
 
 BATCH, TOKENS, DIM, HEADS, DEPTH = 2, 32, 64, 4, 2
@@ -39,7 +40,7 @@ def test_graph_pass_keeps_exactly_attention_every_other_matmul_and_block_outputs
 
 
 def test_graph_pass_saves_less_than_no_pass_and_recomputes_less_than_eager_ops(routes):
-    plain, ours, full, ops = (routes[r] for r in measure.ROUTES)
+    plain, ours, full, ops = (routes[r] for r in experiments.ROUTES)
     assert plain.recomputes([*ATTENTION, "aten::addmm"]) == 0  # min-cut alone recomputes no costly op
     assert ours.saved_tensors < plain.saved_tensors and 3 * ours.saved_bytes < plain.saved_bytes
     assert ours.recompute_count < ops.recompute_count < full.recompute_count
@@ -58,7 +59,7 @@ def test_command_line_measures_the_toy_stack_it_is_given(monkeypatch, capsys):
 
     def fake_compare(make_case, **kwargs):
         seen["case"], seen["kwargs"] = make_case(), kwargs
-        return {route: CompiledActivations(2**20, 1) for route in measure.ROUTES}
+        return {route: CompiledActivations(2**20, 1) for route in experiments.ROUTES}
 
     monkeypatch.setattr(compare, "compare_routes", fake_compare)
     assert main(["compare", "--depth", "3", "--dim", "32", "--heads", "2", "--batch", "1", "--tokens", "8"]) == 0
@@ -70,7 +71,8 @@ def test_command_line_measures_the_toy_stack_it_is_given(monkeypatch, capsys):
 def test_command_skips_a_model_declared_not_compilable(capsys):
     from dataclasses import replace
 
-    from ac_core import register_adapter, unregister_adapter
+    from ac_core import register_adapter
+    from ac_core.registry import unregister_adapter
     from ac_core.testing import TOY_ADAPTER
 
     declared = replace(TOY_ADAPTER.models[0], compile_unsupported="upstream backward fails under compile")

@@ -8,7 +8,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 import ac_core.graph.sac
-from ac_core import sac_inductor_options
+from ac_core import GraphRoute
 from ac_core.testing import toy_case
 
 
@@ -35,7 +35,7 @@ def test_dropout_needs_no_rng_replay(monkeypatch, rule):
         monkeypatch.setattr(ac_core.graph.sac, "save_rng", lambda graph, **_: 0)
     case = toy_case(depth=1, dim=32, tokens=16, dropout=0.1)
     partitioner = _PartitionThenStop()
-    options = sac_inductor_options(options={"custom_partitioner_fn": partitioner})
+    options = GraphRoute().inductor_options({"custom_partitioner_fn": partitioner})
     compiled = torch.compile(case.model, backend="inductor", options=options)
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="_Stop"):
         case.loss(compiled(**case.inputs)).backward()

@@ -12,7 +12,7 @@ import torch
 
 import ac_core
 from ac_core import DEFAULT_RETAINED_OPS, apply_activation_checkpointing, checkpointed_blocks
-from ac_core.library_checkpointing import library_checkpointing
+from ac_core.libraries.checkpointing import library_checkpointing
 from ac_core.measure import OpCounter
 from ac_core.testing import LibraryCheckpointingToy
 

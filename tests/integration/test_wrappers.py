@@ -40,16 +40,17 @@ def test_a_peft_model_is_served_by_the_adapter_of_its_base_model():
     wrapped = _peft_model(case.model)
     assert type(wrapped).__name__ == "PeftModelForCausalLM"
     assert get_adapter(wrapped) is get_adapter("llama")
-    plan = resolve_blocks(wrapped)
-    assert plan.model is wrapped and plan.served_path == "base_model.model" and plan.served_model is case.model
-    assert [b.path for b in plan] == [f"base_model.model.{p}" for p in LAYERS]
-    assert plan.source == "adapter 'llama'"
+    resolved = resolve_blocks(wrapped)
+    assert resolved.model is wrapped and resolved.served_model is case.model
+    assert resolved.served_path == "base_model.model"
+    assert [b.path for b in resolved] == [f"base_model.model.{p}" for p in LAYERS]
+    assert resolved.source == "adapter 'llama'"
     # Paths are FQNs of the model as passed.
-    assert all(wrapped.get_submodule(b.path) is b.module for b in plan)
+    assert all(wrapped.get_submodule(b.path) is b.module for b in resolved)
     # Named the same ways as without the wrapper.
-    assert resolve_blocks(wrapped, "llama").paths == plan.paths
-    assert resolve_blocks(wrapped, blocks=["base_model.model.model.layers"]).paths == plan.paths
-    assert resolve_blocks(wrapped, blocks=["model.layers"]).paths == plan.paths  # a path in the wrapped model
+    assert resolve_blocks(wrapped, "llama").paths == resolved.paths
+    assert resolve_blocks(wrapped, blocks=["base_model.model.model.layers"]).paths == resolved.paths
+    assert resolve_blocks(wrapped, blocks=["model.layers"]).paths == resolved.paths  # a path in the wrapped model
 
 
 def test_the_graph_route_finds_the_blocks_of_a_wrapped_model():

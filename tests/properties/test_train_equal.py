@@ -392,7 +392,7 @@ def _torch_cannot(exc: BaseException, case: Case, ours: Stack, step: StepSpec) -
     """
     checkpointed = ac_core.checkpointed_blocks(ours)
     inplace = {p for p, _, i in ours.blocks_in_order() if case.stack.blocks[i].kind == zoo.INPUT_INPLACE}
-    selective = {p for p, kind in checkpointed.items() if kind is ac_core.CheckpointType.OPS}
+    selective = {p for p, kind in checkpointed.items() if kind == ac_core.BlockMode.OPS}
     culprits = (inplace & checkpointed.keys()) | (selective if step.retain else set())
     if not culprits:
         return False

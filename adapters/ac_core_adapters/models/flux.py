@@ -11,8 +11,16 @@ from torch import nn
 
 from ac_core import ModelCase
 from ac_core.libraries.diffusers import sample_loss
+from ac_core.testing import make_case
 
-_TINY = {"num_attention_heads": 2, "attention_head_dim": 8, "joint_attention_dim": 16}
+_TINY: dict[str, Any] = {
+    "in_channels": 8,
+    "num_layers": 3,
+    "num_single_layers": 3,
+    "num_attention_heads": 2,
+    "attention_head_dim": 8,
+    "joint_attention_dim": 16,
+}
 
 
 def _ids(tokens: int, axes: int) -> torch.Tensor:
@@ -20,54 +28,47 @@ def _ids(tokens: int, axes: int) -> torch.Tensor:
     return torch.arange(tokens * axes, dtype=torch.float32).reshape(tokens, axes) % 4
 
 
+def _image_and_text() -> dict[str, torch.Tensor]:
+    # FLUX.2's and FLUX.3's inputs: 16 image and 6 text tokens, positions on 4 rotary axes.
+    return {
+        "hidden_states": torch.randn(1, 16, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 16),
+        "timestep": torch.tensor([0.5]),
+        "img_ids": _ids(16, 4),
+        "txt_ids": _ids(6, 4),
+    }
+
+
 def tiny_flux() -> ModelCase:
     """FluxTransformer2DModel, guidance-distilled as FLUX.1-dev: 3 double, 3 single blocks, 16 image + 6 text tokens."""
     from diffusers import FluxTransformer2DModel
 
-    torch.manual_seed(0)
-    model = FluxTransformer2DModel(
-        in_channels=8,
-        num_layers=3,
-        num_single_layers=3,
-        pooled_projection_dim=8,
-        guidance_embeds=True,
-        axes_dims_rope=(2, 2, 4),
-        **_TINY,
+    return make_case(
+        lambda: FluxTransformer2DModel(
+            pooled_projection_dim=8, guidance_embeds=True, axes_dims_rope=(2, 2, 4), **_TINY
+        ),
+        lambda: {
+            "hidden_states": torch.randn(1, 16, 8),
+            "encoder_hidden_states": torch.randn(1, 6, 16),
+            "pooled_projections": torch.randn(1, 8),
+            "timestep": torch.tensor([0.5]),
+            "img_ids": _ids(16, 3),
+            "txt_ids": _ids(6, 3),
+            "guidance": torch.tensor([3.5]),
+        },
+        sample_loss,
     )
-    inputs = {
-        "hidden_states": torch.randn(1, 16, 8),
-        "encoder_hidden_states": torch.randn(1, 6, 16),
-        "pooled_projections": torch.randn(1, 8),
-        "timestep": torch.tensor([0.5]),
-        "img_ids": _ids(16, 3),
-        "txt_ids": _ids(6, 3),
-        "guidance": torch.tensor([3.5]),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
 
 
 def tiny_flux2() -> ModelCase:
     """Flux2Transformer2DModel: 3 double, 3 single blocks, 16 image + 6 text tokens, no reference KV cache."""
     from diffusers import Flux2Transformer2DModel
 
-    torch.manual_seed(0)
-    model = Flux2Transformer2DModel(
-        in_channels=8,
-        num_layers=3,
-        num_single_layers=3,
-        timestep_guidance_channels=16,
-        axes_dims_rope=(2, 2, 2, 2),
-        **_TINY,
+    return make_case(
+        lambda: Flux2Transformer2DModel(timestep_guidance_channels=16, axes_dims_rope=(2, 2, 2, 2), **_TINY),
+        lambda: {**_image_and_text(), "guidance": torch.tensor([3.5])},
+        sample_loss,
     )
-    inputs = {
-        "hidden_states": torch.randn(1, 16, 8),
-        "encoder_hidden_states": torch.randn(1, 6, 16),
-        "timestep": torch.tensor([0.5]),
-        "img_ids": _ids(16, 4),
-        "txt_ids": _ids(6, 4),
-        "guidance": torch.tensor([3.5]),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
 
 
 def tiny_flux3() -> ModelCase:
@@ -78,26 +79,21 @@ def tiny_flux3() -> ModelCase:
     """
     from diffusers import Flux3Transformer2DModel
 
-    torch.manual_seed(0)
-    model = Flux3Transformer2DModel(
-        in_channels=8,
-        cond_in_channels=8,
-        num_layers=3,
-        num_single_layers=3,
-        timestep_channels=16,
-        axes_dims_rope=(2, 2, 2, 2),
-        **_TINY,
+    return make_case(
+        lambda: Flux3Transformer2DModel(cond_in_channels=8, timestep_channels=16, axes_dims_rope=(2, 2, 2, 2), **_TINY),
+        lambda: {
+            **_image_and_text(),
+            "image_cond_hidden_states": torch.randn(1, 8, 8),
+            "image_cond_ids": _ids(8, 4),
+        },
+        sample_loss,
     )
-    inputs = {
-        "hidden_states": torch.randn(1, 16, 8),
-        "encoder_hidden_states": torch.randn(1, 6, 16),
-        "timestep": torch.tensor([0.5]),
-        "img_ids": _ids(16, 4),
-        "txt_ids": _ids(6, 4),
-        "image_cond_hidden_states": torch.randn(1, 8, 8),
-        "image_cond_ids": _ids(8, 4),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
+
+
+def _grid_ids(height: int, width: int) -> torch.Tensor:
+    # FLUX.1's image positions: (0, row, column) per latent patch, row-major.
+    rows, cols = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
+    return torch.stack([torch.zeros(height * width), rows.flatten(), cols.flatten()], dim=1).float()
 
 
 def preset_flux1_dev(*, layers: int = 4, seq: int | None = None) -> ModelCase:
@@ -114,18 +110,20 @@ def preset_flux1_dev(*, layers: int = 4, seq: int | None = None) -> ModelCase:
         raise ValueError(f"seq must be a positive token count, got {seq}")
     height = math.isqrt(seq)
     width = seq // height
-    model = FluxTransformer2DModel(guidance_embeds=True, num_layers=layers, num_single_layers=layers)
-    rows, cols = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
-    inputs = {
-        "hidden_states": torch.randn(1, height * width, 64),
-        "encoder_hidden_states": torch.randn(1, 512, 4096),
-        "pooled_projections": torch.randn(1, 768),
-        "timestep": torch.tensor([0.5]),
-        "img_ids": torch.stack([torch.zeros(height * width), rows.flatten(), cols.flatten()], dim=1).float(),
-        "txt_ids": torch.zeros(512, 3),
-        "guidance": torch.tensor([3.5]),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
+    return make_case(
+        lambda: FluxTransformer2DModel(guidance_embeds=True, num_layers=layers, num_single_layers=layers),
+        lambda: {
+            "hidden_states": torch.randn(1, height * width, 64),
+            "encoder_hidden_states": torch.randn(1, 512, 4096),
+            "pooled_projections": torch.randn(1, 768),
+            "timestep": torch.tensor([0.5]),
+            "img_ids": _grid_ids(height, width),
+            "txt_ids": torch.zeros(512, 3),
+            "guidance": torch.tensor([3.5]),
+        },
+        sample_loss,
+        seed=None,
+    )
 
 
 def token_count(model: nn.Module, inputs: Mapping[str, Any]) -> int:

@@ -11,8 +11,18 @@ from torch import nn
 
 from ac_core import ModelCase
 from ac_core.libraries.diffusers import sample_loss, video_token_grid
+from ac_core.testing import make_case
 
-_TINY = {"num_attention_heads": 2, "attention_head_dim": 8, "num_refiner_layers": 2, "rope_axes_dim": (2, 2, 4)}
+_TINY: dict[str, Any] = {
+    "in_channels": 4,
+    "out_channels": 4,
+    "num_layers": 3,
+    "text_embed_dim": 16,
+    "num_attention_heads": 2,
+    "attention_head_dim": 8,
+    "num_refiner_layers": 2,
+    "rope_axes_dim": (2, 2, 4),
+}
 
 
 def _text_mask(tokens: int, padded: int) -> torch.Tensor:
@@ -21,29 +31,30 @@ def _text_mask(tokens: int, padded: int) -> torch.Tensor:
     return mask
 
 
+def _video_and_text(latents: tuple[int, ...], timestep: torch.Tensor) -> dict[str, torch.Tensor]:
+    # What every tiny variant's forward takes first: its latents, a timestep, 6 text tokens (the last 2 padding).
+    return {
+        "hidden_states": torch.randn(latents),
+        "timestep": timestep,
+        "encoder_hidden_states": torch.randn(1, 6, 16),
+        "encoder_attention_mask": _text_mask(6, padded=2),
+    }
+
+
 def _tiny_hunyuan_video(image_condition_type: str | None) -> ModelCase:
     from diffusers import HunyuanVideoTransformer3DModel
 
-    torch.manual_seed(0)
-    model = HunyuanVideoTransformer3DModel(
-        in_channels=4,
-        out_channels=4,
-        num_layers=3,
-        num_single_layers=3,
-        text_embed_dim=16,
-        pooled_projection_dim=8,
-        image_condition_type=image_condition_type,
-        **_TINY,
+    return make_case(
+        lambda: HunyuanVideoTransformer3DModel(
+            num_single_layers=3, pooled_projection_dim=8, image_condition_type=image_condition_type, **_TINY
+        ),
+        lambda: {
+            **_video_and_text((1, 4, 2, 8, 8), torch.tensor([500])),
+            "pooled_projections": torch.randn(1, 8),
+            "guidance": torch.tensor([3000.0]),
+        },
+        sample_loss,
     )
-    inputs = {
-        "hidden_states": torch.randn(1, 4, 2, 8, 8),
-        "timestep": torch.tensor([500]),
-        "encoder_hidden_states": torch.randn(1, 6, 16),
-        "encoder_attention_mask": _text_mask(6, padded=2),
-        "pooled_projections": torch.randn(1, 8),
-        "guidance": torch.tensor([3000.0]),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
 
 
 def tiny_hunyuan_video() -> ModelCase:
@@ -60,64 +71,47 @@ def tiny_hunyuan_video_15() -> ModelCase:
     """HunyuanVideo15Transformer3DModel: 3 blocks, 2 refiner blocks; image, ByT5 and padded text tokens."""
     from diffusers import HunyuanVideo15Transformer3DModel
 
-    torch.manual_seed(0)
-    model = HunyuanVideo15Transformer3DModel(
-        in_channels=4,
-        out_channels=4,
-        num_layers=3,
-        patch_size=1,
-        text_embed_dim=16,
-        text_embed_2_dim=8,
-        image_embed_dim=8,
-        **_TINY,
+    return make_case(
+        lambda: HunyuanVideo15Transformer3DModel(patch_size=1, text_embed_2_dim=8, image_embed_dim=8, **_TINY),
+        lambda: {
+            **_video_and_text((1, 4, 2, 4, 4), torch.tensor([500.0])),
+            "encoder_hidden_states_2": torch.randn(1, 3, 8),
+            "encoder_attention_mask_2": _text_mask(3, padded=1),
+            "image_embeds": torch.randn(1, 2, 8),
+        },
+        sample_loss,
     )
-    inputs = {
-        "hidden_states": torch.randn(1, 4, 2, 4, 4),
-        "timestep": torch.tensor([500.0]),
-        "encoder_hidden_states": torch.randn(1, 6, 16),
-        "encoder_attention_mask": _text_mask(6, padded=2),
-        "encoder_hidden_states_2": torch.randn(1, 3, 8),
-        "encoder_attention_mask_2": _text_mask(3, padded=1),
-        "image_embeds": torch.randn(1, 2, 8),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
 
 
 def tiny_framepack() -> ModelCase:
     """HunyuanVideoFramepackTransformer3DModel: 3 double, 3 single, 2 refiner blocks; clean, 2x and 4x history."""
     from diffusers import HunyuanVideoFramepackTransformer3DModel
 
-    torch.manual_seed(0)
-    model = HunyuanVideoFramepackTransformer3DModel(
-        in_channels=4,
-        out_channels=4,
-        num_layers=3,
-        num_single_layers=3,
-        text_embed_dim=16,
-        pooled_projection_dim=8,
-        has_image_proj=True,
-        image_proj_dim=8,
-        has_clean_x_embedder=True,
-        **_TINY,
+    return make_case(
+        lambda: HunyuanVideoFramepackTransformer3DModel(
+            num_single_layers=3,
+            pooled_projection_dim=8,
+            has_image_proj=True,
+            image_proj_dim=8,
+            has_clean_x_embedder=True,
+            **_TINY,
+        ),
+        # The forward needs every history input: it reads their rotary embeddings unconditionally.
+        lambda: {
+            **_video_and_text((1, 4, 2, 8, 8), torch.tensor([500])),
+            "pooled_projections": torch.randn(1, 8),
+            "image_embeds": torch.randn(1, 2, 8),
+            "indices_latents": torch.tensor([3, 4]),
+            "guidance": torch.tensor([3000.0]),
+            "latents_clean": torch.randn(1, 4, 1, 8, 8),
+            "indices_latents_clean": torch.tensor([0]),
+            "latents_history_2x": torch.randn(1, 4, 2, 8, 8),
+            "indices_latents_history_2x": torch.tensor([1, 2]),
+            "latents_history_4x": torch.randn(1, 4, 4, 8, 8),
+            "indices_latents_history_4x": torch.tensor([5, 6, 7, 8]),
+        },
+        sample_loss,
     )
-    # The forward needs every history input: it reads their rotary embeddings unconditionally.
-    inputs = {
-        "hidden_states": torch.randn(1, 4, 2, 8, 8),
-        "timestep": torch.tensor([500]),
-        "encoder_hidden_states": torch.randn(1, 6, 16),
-        "encoder_attention_mask": _text_mask(6, padded=2),
-        "pooled_projections": torch.randn(1, 8),
-        "image_embeds": torch.randn(1, 2, 8),
-        "indices_latents": torch.tensor([3, 4]),
-        "guidance": torch.tensor([3000.0]),
-        "latents_clean": torch.randn(1, 4, 1, 8, 8),
-        "indices_latents_clean": torch.tensor([0]),
-        "latents_history_2x": torch.randn(1, 4, 2, 8, 8),
-        "indices_latents_history_2x": torch.tensor([1, 2]),
-        "latents_history_4x": torch.randn(1, 4, 4, 8, 8),
-        "indices_latents_history_4x": torch.tensor([5, 6, 7, 8]),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
 
 
 def preset_hunyuan_video(*, layers: int = 4, seq: int | None = None) -> ModelCase:
@@ -131,16 +125,19 @@ def preset_hunyuan_video(*, layers: int = 4, seq: int | None = None) -> ModelCas
     from diffusers import HunyuanVideoTransformer3DModel
 
     frames, height, width = video_token_grid(6240 if seq is None else seq)
-    model = HunyuanVideoTransformer3DModel(num_layers=layers, num_single_layers=layers)
-    inputs = {
-        "hidden_states": torch.randn(1, 16, frames, 2 * height, 2 * width),
-        "timestep": torch.tensor([500]),
-        "encoder_hidden_states": torch.randn(1, 256, 4096),
-        "encoder_attention_mask": _text_mask(256, padded=56),
-        "pooled_projections": torch.randn(1, 768),
-        "guidance": torch.tensor([6000.0]),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
+    return make_case(
+        lambda: HunyuanVideoTransformer3DModel(num_layers=layers, num_single_layers=layers),
+        lambda: {
+            "hidden_states": torch.randn(1, 16, frames, 2 * height, 2 * width),
+            "timestep": torch.tensor([500]),
+            "encoder_hidden_states": torch.randn(1, 256, 4096),
+            "encoder_attention_mask": _text_mask(256, padded=56),
+            "pooled_projections": torch.randn(1, 768),
+            "guidance": torch.tensor([6000.0]),
+        },
+        sample_loss,
+        seed=None,
+    )
 
 
 def _video_tokens(latents: torch.Tensor, patch: tuple[int, int, int]) -> int:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ac_core import ModelCase
+from ac_core.testing import make_case
 
-_TINY = {
+if TYPE_CHECKING:
+    from transformers import LlamaConfig
+
+_TINY: dict[str, Any] = {
     "vocab_size": 64,
     "hidden_size": 32,
     "intermediate_size": 64,
@@ -21,15 +25,18 @@ _TINY = {
 }
 
 
-def _tiny(model_cls_name: str) -> tuple[nn.Module, dict[str, Any]]:
-    import transformers
+def _sdpa_config(**settings: Any) -> LlamaConfig:
+    from transformers import LlamaConfig
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(**_TINY)
+    config = LlamaConfig(**settings)
     config._attn_implementation = "sdpa"
-    model = getattr(transformers, model_cls_name)(config).train()
-    input_ids = torch.randint(0, _TINY["vocab_size"], (2, 16))
-    return model, {"input_ids": input_ids}
+    return config
+
+
+def _lm_inputs(vocab: int, shape: tuple[int, int]) -> dict[str, torch.Tensor]:
+    # The language-model loss predicts the input tokens themselves: labels are the input ids.
+    input_ids = torch.randint(0, vocab, shape)
+    return {"input_ids": input_ids, "labels": input_ids}
 
 
 def _hidden_loss(output: Any) -> torch.Tensor:
@@ -42,14 +49,22 @@ def _lm_loss(output: Any) -> torch.Tensor:
 
 def tiny_llama_model() -> ModelCase:
     """LlamaModel, 3 decoder layers, SDPA attention, batch 2 x 16 tokens; ``use_cache`` left at its default (True)."""
-    model, inputs = _tiny("LlamaModel")
-    return ModelCase(model, inputs, _hidden_loss)
+    from transformers import LlamaModel
+
+    return make_case(
+        lambda: LlamaModel(_sdpa_config(**_TINY)),
+        lambda: {"input_ids": torch.randint(0, _TINY["vocab_size"], (2, 16))},
+        _hidden_loss,
+    )
 
 
 def tiny_llama_for_causal_lm() -> ModelCase:
     """LlamaForCausalLM, 3 decoder layers, SDPA attention, batch 2 x 16 tokens, language-model loss."""
-    model, inputs = _tiny("LlamaForCausalLM")
-    return ModelCase(model, {**inputs, "labels": inputs["input_ids"]}, _lm_loss)
+    from transformers import LlamaForCausalLM
+
+    return make_case(
+        lambda: LlamaForCausalLM(_sdpa_config(**_TINY)), lambda: _lm_inputs(_TINY["vocab_size"], (2, 16)), _lm_loss
+    )
 
 
 def preset_llama3_8b(*, layers: int = 4, seq: int | None = None) -> ModelCase:
@@ -59,12 +74,12 @@ def preset_llama3_8b(*, layers: int = 4, seq: int | None = None) -> ModelCase:
     The vocabulary is cut to 16384 (Llama 3 has 128256) so that the embedding, head and logits do not
     dwarf the decoder layers whose activations are being measured.
     """
-    import transformers
+    from transformers import LlamaForCausalLM
 
     seq = 4096 if seq is None else seq
     if seq < 1:
         raise ValueError(f"seq must be a positive token count, got {seq}")
-    config = transformers.LlamaConfig(
+    config = _sdpa_config(
         vocab_size=16384,
         hidden_size=4096,
         intermediate_size=14336,
@@ -75,10 +90,9 @@ def preset_llama3_8b(*, layers: int = 4, seq: int | None = None) -> ModelCase:
         rope_theta=500000.0,
         rms_norm_eps=1e-5,
     )
-    config._attn_implementation = "sdpa"
-    model = transformers.LlamaForCausalLM(config).train()
-    input_ids = torch.randint(0, config.vocab_size, (1, seq))
-    return ModelCase(model, {"input_ids": input_ids, "labels": input_ids}, _lm_loss)
+    return make_case(
+        lambda: LlamaForCausalLM(config), lambda: _lm_inputs(config.vocab_size, (1, seq)), _lm_loss, seed=None
+    )
 
 
 def token_count(model: nn.Module, inputs: Mapping[str, Any]) -> int:

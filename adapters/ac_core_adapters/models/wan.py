@@ -10,46 +10,50 @@ from torch import nn
 
 from ac_core import ModelCase
 from ac_core.libraries.diffusers import sample_loss, video_token_grid
+from ac_core.testing import make_case
 
 _TEXT_TOKENS = 512  # umT5 prompts are padded to 512 tokens
-_TINY = {"num_attention_heads": 2, "attention_head_dim": 8, "text_dim": 16, "freq_dim": 16, "ffn_dim": 32}
+_TINY: dict[str, Any] = {
+    "out_channels": 4,
+    "num_layers": 3,
+    "rope_max_seq_len": 32,
+    "num_attention_heads": 2,
+    "attention_head_dim": 8,
+    "text_dim": 16,
+    "freq_dim": 16,
+    "ffn_dim": 32,
+}
 
 
 def tiny_wan() -> ModelCase:
     """WanTransformer3DModel, text-to-video (2 attention calls per block), 3 blocks, 2x4x4 tokens."""
     from diffusers import WanTransformer3DModel
 
-    torch.manual_seed(0)
-    model = WanTransformer3DModel(in_channels=4, out_channels=4, num_layers=3, rope_max_seq_len=32, **_TINY)
-    inputs = {
-        "hidden_states": torch.randn(1, 4, 2, 8, 8),
-        "timestep": torch.tensor([500]),
-        "encoder_hidden_states": torch.randn(1, 6, 16),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
+    return make_case(
+        lambda: WanTransformer3DModel(in_channels=4, **_TINY),
+        lambda: {
+            "hidden_states": torch.randn(1, 4, 2, 8, 8),
+            "timestep": torch.tensor([500]),
+            "encoder_hidden_states": torch.randn(1, 6, 16),
+        },
+        sample_loss,
+    )
 
 
 def tiny_vace() -> ModelCase:
     """WanVACETransformer3DModel with 3 blocks and 3 VACE blocks (one per main block), control video given."""
     from diffusers import WanVACETransformer3DModel
 
-    torch.manual_seed(0)
-    model = WanVACETransformer3DModel(
-        in_channels=4,
-        out_channels=4,
-        num_layers=3,
-        rope_max_seq_len=32,
-        vace_layers=[0, 1, 2],
-        vace_in_channels=6,
-        **_TINY,
+    return make_case(
+        lambda: WanVACETransformer3DModel(in_channels=4, vace_layers=[0, 1, 2], vace_in_channels=6, **_TINY),
+        lambda: {
+            "hidden_states": torch.randn(1, 4, 2, 8, 8),
+            "timestep": torch.tensor([500]),
+            "encoder_hidden_states": torch.randn(1, 6, 16),
+            "control_hidden_states": torch.randn(1, 6, 2, 8, 8),
+        },
+        sample_loss,
     )
-    inputs = {
-        "hidden_states": torch.randn(1, 4, 2, 8, 8),
-        "timestep": torch.tensor([500]),
-        "encoder_hidden_states": torch.randn(1, 6, 16),
-        "control_hidden_states": torch.randn(1, 6, 2, 8, 8),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
 
 
 def tiny_animate() -> ModelCase:
@@ -61,35 +65,33 @@ def tiny_animate() -> ModelCase:
     """
     from diffusers import WanAnimateTransformer3DModel
 
-    torch.manual_seed(0)
-    model = WanAnimateTransformer3DModel(
-        in_channels=None,
-        latent_channels=4,
-        out_channels=4,
-        num_layers=3,
-        rope_max_seq_len=32,
-        image_dim=8,
-        added_kv_proj_dim=16,
-        motion_encoder_channel_sizes={"4": 8, "8": 8, "16": 8, "32": 8},
-        motion_encoder_size=32,
-        motion_style_dim=8,
-        motion_dim=4,
-        motion_encoder_dim=8,
-        face_encoder_hidden_dim=8,
-        face_encoder_num_heads=2,
-        inject_face_latents_blocks=1,
-        motion_encoder_batch_size=4,
-        **_TINY,
+    return make_case(
+        lambda: WanAnimateTransformer3DModel(
+            in_channels=None,
+            latent_channels=4,
+            image_dim=8,
+            added_kv_proj_dim=16,
+            motion_encoder_channel_sizes={"4": 8, "8": 8, "16": 8, "32": 8},
+            motion_encoder_size=32,
+            motion_style_dim=8,
+            motion_dim=4,
+            motion_encoder_dim=8,
+            face_encoder_hidden_dim=8,
+            face_encoder_num_heads=2,
+            inject_face_latents_blocks=1,
+            motion_encoder_batch_size=4,
+            **_TINY,
+        ),
+        lambda: {
+            "hidden_states": torch.randn(1, 12, 3, 8, 8),
+            "timestep": torch.tensor([500]),
+            "encoder_hidden_states": torch.randn(1, _TEXT_TOKENS, 16),
+            "encoder_hidden_states_image": torch.randn(1, 4, 8),
+            "pose_hidden_states": torch.randn(1, 4, 2, 8, 8),
+            "face_pixel_values": torch.randn(1, 3, 8, 32, 32),
+        },
+        sample_loss,
     )
-    inputs = {
-        "hidden_states": torch.randn(1, 12, 3, 8, 8),
-        "timestep": torch.tensor([500]),
-        "encoder_hidden_states": torch.randn(1, _TEXT_TOKENS, 16),
-        "encoder_hidden_states_image": torch.randn(1, 4, 8),
-        "pose_hidden_states": torch.randn(1, 4, 2, 8, 8),
-        "face_pixel_values": torch.randn(1, 3, 8, 32, 32),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
 
 
 def _wan_at_width(heads: int, ffn_dim: int, layers: int, seq: int | None) -> ModelCase:
@@ -102,21 +104,24 @@ def _wan_at_width(heads: int, ffn_dim: int, layers: int, seq: int | None) -> Mod
     from diffusers import WanTransformer3DModel
 
     frames, height, width = video_token_grid(6240 if seq is None else seq)
-    model = WanTransformer3DModel(
-        num_attention_heads=heads,
-        attention_head_dim=128,
-        in_channels=16,
-        out_channels=16,
-        text_dim=4096,
-        ffn_dim=ffn_dim,
-        num_layers=layers,
+    return make_case(
+        lambda: WanTransformer3DModel(
+            num_attention_heads=heads,
+            attention_head_dim=128,
+            in_channels=16,
+            out_channels=16,
+            text_dim=4096,
+            ffn_dim=ffn_dim,
+            num_layers=layers,
+        ),
+        lambda: {
+            "hidden_states": torch.randn(1, 16, frames, 2 * height, 2 * width),
+            "timestep": torch.tensor([500]),
+            "encoder_hidden_states": torch.randn(1, _TEXT_TOKENS, 4096),
+        },
+        sample_loss,
+        seed=None,
     )
-    inputs = {
-        "hidden_states": torch.randn(1, 16, frames, 2 * height, 2 * width),
-        "timestep": torch.tensor([500]),
-        "encoder_hidden_states": torch.randn(1, _TEXT_TOKENS, 4096),
-    }
-    return ModelCase(model.train(), inputs, sample_loss)
 
 
 def preset_wan21_1_3b(*, layers: int = 4, seq: int | None = None) -> ModelCase:

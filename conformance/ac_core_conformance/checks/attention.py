@@ -1,25 +1,31 @@
 """Check 3: under ``ops`` the attention kernel runs once per call in forward and never again in backward.
 
-Also: each block makes the attention calls its adapter declares (counted per block), ``full`` and
-``block_skip`` recompute exactly the checkpointed blocks' calls, retained outputs stay on the
-compute device, and a backend declared not retainable warns once and still trains correctly.
+Also: each block makes the attention calls its adapter declares (counted per block); under every policy
+backward reruns exactly the calls its block selections recompute (those of ``full`` blocks, none of blocks
+that keep attention or are left unchecked), whatever the policy's class; retained outputs stay on the
+compute device; and a backend declared not retainable warns once and still trains correctly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+import functools
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
 from ac_core import (
+    DEFAULT_RETAINED_OPS,
     AttentionBackend,
+    BlockSelection,
     Ops,
+    PolicyConfig,
     apply_activation_checkpointing,
-    checkpointed_blocks,
     observe_retention,
     op_matches,
     reset_warnings,
@@ -28,9 +34,9 @@ from ac_core.measure import OpCounter, attribute_ops
 from ac_core.offload import OffloadConfig, apply_activation_offload, remove_activation_offload, use_offload_transport
 from ac_core.offload.testing import RecordingTransport
 from ac_core.ops import is_attention_like
-from ac_core.policies import retained_ops
 
-from ..policies import Policy, as_policy, label, recomputes_attention
+from ..base import AdapterTests
+from ..policies import Policy, as_policy, label, reruns, selections
 from ..probes import capture_logs
 from ..subjects import Subject
 from ..training import EAGER_TOLERANCE, assert_same_step, build, plain_step, require_device, require_tiny
@@ -111,10 +117,10 @@ def _calls_per_block(subject: Subject, backend: AttentionBackend, device: str) -
     """
     default = backend.name == subject.adapter.default_backend
     case = build(subject, device, backend=None if default else backend.name)
-    plan = subject.plan(case.model)
-    blocks = {block.path: block.module for block in plan}
+    resolved = subject.blocks(case.model)
+    blocks = {block.path: block.module for block in resolved}
     # attention_calls' per-index counts are by position in the container (a ModuleDict's keys need not be numbers).
-    index = {block.path: block.index for block in plan}
+    index = {block.path: block.index for block in resolved}
     with torch.no_grad(), OpCounter() as ran, attribute_ops(blocks, lambda op: op_matches(op, backend.ops)) as counts:
         case.run()
     per_block = {fqn: counts.get(fqn, 0) for fqn in blocks}
@@ -210,28 +216,64 @@ def check_attention_retained(
     return counts
 
 
+def _reruns_kernel(kernel_ops: Iterable[str], selection: BlockSelection, op: str) -> bool:
+    return op_matches(op, kernel_ops) and reruns(selection, op)
+
+
+def attention_recomputes(
+    subject: Subject, policy: Policy, device: str = "cpu", *, backend: str | None = None
+) -> dict[str, int]:
+    """Per declared block, the attention kernel calls backward reruns under ``policy``, by the blocks ac-core's
+    policy registry selects: a block selected ``full`` reruns every call of its forward, one selected ``ops`` the
+    calls of kernel ops it does not keep (none where it keeps attention); an unselected block is not checkpointed
+    and reruns none.
+
+    Counted in one plain forward on ``backend`` (None: the backend check 3 recomputes on,
+    :func:`preferred_retainable_backend`).
+    """
+    config = as_policy(policy)
+    declared = available_backend(subject, backend or preferred_retainable_backend(subject, device), device)
+    case = build(subject, device, backend=declared.name)
+    blocks = subject.blocks(case.model)
+    chosen = selections(config, blocks)
+    modules = {block.path: block.module for block in blocks}
+    # One counter per distinct way of checkpointing a block (one or two for most policies), not one per block.
+    ways = {(s.kind, s.retained): s for s in chosen.values()}
+    with torch.no_grad(), ExitStack() as stack:
+        counts = {
+            way: stack.enter_context(attribute_ops(modules, functools.partial(_reruns_kernel, declared.ops, selection)))
+            for way, selection in ways.items()
+        }
+        case.run()
+    expected = dict.fromkeys(modules, 0)
+    for path, s in chosen.items():
+        expected[path] = counts[(s.kind, s.retained)][path]
+    return expected
+
+
 def check_attention_recomputed(subject: Subject, policy: Policy, device: str = "cpu") -> int:
-    """Under a policy that recomputes (``full``, ``block_skip``): backward reruns exactly the checkpointed blocks'
-    attention calls.
+    """Under any policy: backward reruns exactly the attention kernel calls :func:`attention_recomputes` expects of
+    its block selections (all of a ``full`` block's; none of a block that keeps attention, as ``ops`` blocks do,
+    or that is left unchecked).
 
     Returns the number of kernel calls recomputed.
     """
     config = as_policy(policy)
-    if not recomputes_attention(config):
-        raise ValueError(f"{label(config)} retains attention; use check_attention_retained")
     backend = available_backend(subject, preferred_retainable_backend(subject, device), device)
     per_block, outside = _calls_per_block(subject, backend, device)
+    expected = attention_recomputes(subject, config, device, backend=backend.name)
     case = build(subject, device, backend=backend.name)
     apply_activation_checkpointing(case.model, config, adapter=subject.adapter)
-    expected = sum(per_block[fqn] for fqn in checkpointed_blocks(case.model))
     with OpCounter() as counter:
         case.run().backward()
     forward, backward = counter.count(backend.ops, "forward"), counter.count(backend.ops, "backward")
     what = f"{subject.id} under {label(config)} on backend {backend.name!r} ({device})"
     assert forward == sum(per_block.values()) + outside, f"{what}: {forward} kernel calls in forward"
-    assert backward == expected, (
-        f"{what}: backward recomputed the attention kernel {backward} times; the checkpointed blocks make "
-        f"{expected} calls"
+    rerun = {path: n for path, n in expected.items() if n}
+    assert backward == sum(rerun.values()), (
+        f"{what}: backward recomputed the attention kernel {backward} times; the policy's block selections rerun "
+        f"{sum(rerun.values())} calls ({rerun or 'no block reruns attention'}; blocks that keep attention or are "
+        "unchecked rerun none)"
     )
     return backward
 
@@ -259,7 +301,7 @@ def check_not_retainable_backend(subject: Subject, backend: str, device: str = "
     if not warnings:
         with torch.no_grad(), OpCounter() as ran:
             case.run()
-        kept = sorted(op for op in ran.forward if op_matches(op, retained_ops(subject.plan(case.model))))
+        kept = sorted(op for op in ran.forward if op_matches(op, DEFAULT_RETAINED_OPS | subject.adapter.retained_ops()))
         raise AssertionError(
             f"{what}: no 'retained nothing' warning over two steps, so 'ops' retained something: the model ran "
             f"{kept or 'no retainable op'}. The backend was probably not switched (a processor that calls SDPA "
@@ -271,9 +313,41 @@ def check_not_retainable_backend(subject: Subject, backend: str, device: str = "
     return warnings[0]
 
 
+class AttentionTests(AdapterTests):
+    """Check 3: declared calls per block; attention retained under ``ops``, rerun in backward exactly where the
+    policy's block selections recompute it."""
+
+    attention_contexts: Mapping[str, AttentionContext] = MappingProxyType(
+        {"plain": no_context, "offload": offload_context}
+    )
+    """Contexts entered around forward and backward of the ``ops`` check, by id: plain, and with activation offload
+    on (retained attention outputs must stay on the compute device). Add one to run the check under it too."""
+
+    def _dimension(self, name: str, subject: Subject) -> list[Any]:
+        if name == "attention_context":
+            return [pytest.param(key, id=key) for key in self.attention_contexts]
+        return super()._dimension(name, subject)
+
+    def test_attention_retained(
+        self, subject: Subject, retainable_backend: str, device: str, attention_context: str
+    ) -> None:
+        context = self.attention_contexts[attention_context]
+        check_attention_retained(subject, retainable_backend, device, context=context)
+
+    def test_attention_recomputed(self, subject: Subject, policy: PolicyConfig, device: str) -> None:
+        check_attention_recomputed(subject, policy, device)
+
+    def test_not_retainable_backend_warns_and_trains(
+        self, subject: Subject, unretainable_backend: str, device: str
+    ) -> None:
+        check_not_retainable_backend(subject, unretainable_backend, device)
+
+
 __all__ = [
     "AttentionContext",
     "AttentionCounts",
+    "AttentionTests",
+    "attention_recomputes",
     "available_backend",
     "check_attention_recomputed",
     "check_attention_retained",

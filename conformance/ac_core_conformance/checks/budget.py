@@ -1,4 +1,4 @@
-"""The memory-budget checks: a plan's measured bytes stay within its budget, it trains like the plain model, its
+"""Check 10: the memory-budget plan's measured bytes stay within its budget, it trains like the plain model, its
 JSON round trip gives the same plan, it refuses inputs of other shapes, and planning on ``meta`` tensors gives the
 plan real tensors give."""
 
@@ -14,6 +14,7 @@ from ac_core import AdapterSpec, ModelCase, apply_activation_checkpointing, remo
 from ac_core.budget import CheckpointPlan, plan_activation_checkpointing, plan_from_profile, profile_model
 from ac_core.measure import held_for_backward
 
+from ..base import AdapterTests
 from ..subjects import Subject
 from ..training import EAGER_TOLERANCE, SEED, Tolerance, assert_same_step, build, plain_step
 from ..training import step as train_step
@@ -47,7 +48,7 @@ def check_budget(
     expected = plain_step(subject, device)
     case = build(subject, device)
     inputs = dict(case.inputs)
-    profile = profile_model(subject.plan(case.model), inputs)
+    profile = profile_model(subject.blocks(case.model), inputs)
     budget = max(math.floor(fraction * profile.none_bytes), profile.min_bytes)
     plan = plan_from_profile(profile, budget)
     what = f"{subject.id} on {device}, budget {budget:,} B ({fraction:.0%} of none's {profile.none_bytes:,} B)"
@@ -113,4 +114,20 @@ def check_meta_planning(subject: Subject, fraction: float = 0.5) -> CheckpointPl
     return got
 
 
-__all__ = ["SLACK", "BudgetReport", "check_budget", "check_meta_planning"]
+class BudgetTests(AdapterTests):
+    """Check 10: the memory-budget plan at half of none holds within its budget and trains like plain (CPU)."""
+
+    def test_budget(self, subject: Subject) -> None:
+        """Within budget +5%, gradients as plain, JSON round trip."""
+        report = check_budget(subject, fraction=0.5, device="cpu")
+        print(
+            f"ac-core budget plan, {subject.id}: budget {report.budget_bytes:,} B, predicted "
+            f"{report.predicted_bytes:,} B, measured {report.measured_bytes:,} B (none {report.none_bytes:,} B)"
+        )
+
+    def test_budget_on_meta(self, subject: Subject) -> None:
+        """Planning on meta tensors gives the plan real tensors give (or the model declares meta_unsupported)."""
+        check_meta_planning(subject)
+
+
+__all__ = ["SLACK", "BudgetReport", "BudgetTests", "check_budget", "check_meta_planning"]

@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from ac_core import apply_activation_checkpointing
+from ac_core import PolicyConfig, apply_activation_checkpointing
 
+from ..base import COMPILE_BACKEND_OPTION, AdapterTests
 from ..policies import Policy, as_policy, label
 from ..subjects import Subject
 from ..training import (
@@ -91,9 +92,21 @@ def _check_declared_unsupported(subject: Subject, device: str, backend: str) -> 
     )
 
 
+class CompileTests(AdapterTests):
+    """Check 6: torch.compile of the checkpointed model trains like eager."""
+
+    compile_backend: str | None = None
+    """torch.compile backend; None: ``--ac-core-compile-backend``, ``$AC_CORE_COMPILE_BACKEND``, else ``aot_eager``."""
+
+    def test_compile(self, subject: Subject, policy: PolicyConfig, device: str, request: pytest.FixtureRequest) -> None:
+        backend = compile_backend(self.compile_backend or request.config.getoption(COMPILE_BACKEND_OPTION, None))
+        check_compile(subject, policy, device, backend=backend)
+
+
 __all__ = [
     "COMPILE_BACKEND_ENV",
     "DEFAULT_COMPILE_BACKEND",
+    "CompileTests",
     "check_compile",
     "compile_backend",
     "compile_tolerance",

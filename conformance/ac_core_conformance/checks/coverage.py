@@ -7,12 +7,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ac_core import AdapterError, CheckpointType, apply_activation_checkpointing, checkpointed_blocks
+from ac_core import AdapterError, PolicyConfig, apply_activation_checkpointing, checkpointed_blocks
 from ac_core.coverage import block_classes, undeclared_containers
 from ac_core.measure import attribute_ops
 from ac_core.ops import is_attention_like
-from ac_core.policies import select
+from ac_core.policies import BlockMode, select
 
+from ..base import AdapterTests
 from ..policies import Policy, as_policy, label
 from ..subjects import Subject
 from ..training import build
@@ -22,7 +23,7 @@ from ..training import build
 class CoverageReport:
     """What the coverage check saw: checkpointed block FQNs by policy, and the block classes it looked for."""
 
-    checkpointed: dict[str, CheckpointType]
+    checkpointed: dict[str, BlockMode]
     block_classes: frozenset[str]
 
 
@@ -45,15 +46,15 @@ def check_coverage(subject: Subject, policy: Policy) -> CoverageReport:
     problems: list[str] = []
 
     try:
-        plan = subject.plan(model)
+        resolved = subject.blocks(model)
     except AdapterError as exc:
         raise AssertionError(f"{subject.id}: a declared container is missing (renamed upstream?): {exc}") from None
     for path in subject.model.containers:
-        if not any(c.blocks for c in plan.containers if c.path == path or _matches_pattern(c.path, path)):
+        if not any(c.blocks for c in resolved.containers if c.path == path or _matches_pattern(c.path, path)):
             problems.append(f"declared container {path!r} has no block in the tiny model, so nothing checks it")
 
     excluded: dict[str, list[tuple[str, nn.Module]]] = {}
-    for entry in plan.excluded:
+    for entry in resolved.excluded:
         if not entry.found:
             problems.append(f"excluded container {entry.path!r} does not exist in {type(model).__name__} (renamed?)")
         for fqn, container in entry.modules:
@@ -61,7 +62,7 @@ def check_coverage(subject: Subject, policy: Policy) -> CoverageReport:
 
     apply_activation_checkpointing(model, config, adapter=subject.adapter)
     got = checkpointed_blocks(model)
-    expected = {choice.block.path: choice.kind for choice in select(config, plan)}
+    expected = {choice.block.path: choice.kind for choice in select(config, resolved)}
     if got != expected:
         missing = sorted(expected.keys() - got.keys())
         extra = sorted(got.keys() - expected.keys())
@@ -71,15 +72,15 @@ def check_coverage(subject: Subject, policy: Policy) -> CoverageReport:
             f"wrong policy on {wrong}"
         )
 
-    classes = block_classes(plan)
-    known = {c.path for c in plan.containers} | set(excluded)
+    classes = block_classes(resolved)
+    known = {c.path for c in resolved.containers} | set(excluded)
     others = {
         fqn: module
         for fqn, module in model.named_modules()
         if fqn and isinstance(module, (nn.ModuleList, nn.ModuleDict, nn.Sequential)) and not _inside(fqn, known)
     }
     # Static: a container whose elements are block classes.
-    undeclared = undeclared_containers(plan)
+    undeclared = undeclared_containers(resolved)
     for fqn, where in undeclared.items():
         problems.append(
             f"{fqn!r} holds blocks ({where}) but is neither a declared container nor declared excluded: add it to "
@@ -87,7 +88,7 @@ def check_coverage(subject: Subject, policy: Policy) -> CoverageReport:
         )
     reported = set(undeclared)
     # Dynamic: a container whose elements run attention outside the declared blocks.
-    hooked: dict[str, nn.Module] = {block.path: block.module for block in plan}
+    hooked: dict[str, nn.Module] = {block.path: block.module for block in resolved}
     for blocks in excluded.values():
         hooked.update(blocks)
     element_of: dict[str, str] = {}
@@ -117,4 +118,11 @@ def _matches_pattern(fqn: str, path: str) -> bool:
     return len(parts) == len(pattern) and all(p == "*" or p == q for p, q in zip(pattern, parts, strict=True))
 
 
-__all__ = ["CoverageReport", "check_coverage"]
+class CoverageTests(AdapterTests):
+    """Check 1: exactly the declared blocks are checkpointed; no container of blocks goes unnoticed."""
+
+    def test_coverage(self, subject: Subject, policy: PolicyConfig) -> None:
+        check_coverage(subject, policy)
+
+
+__all__ = ["CoverageReport", "CoverageTests", "check_coverage"]

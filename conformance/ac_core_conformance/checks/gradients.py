@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from ac_core import apply_activation_checkpointing
+from ac_core import PolicyConfig, apply_activation_checkpointing
 
+from ..base import AdapterTests
 from ..policies import Policy, as_policy, label
 from ..subjects import Subject
 from ..training import EAGER_TOLERANCE, STEP_SEED, Step, Tolerance, assert_same_step, build, enable_dropout, plain_step
@@ -106,7 +107,7 @@ def add_random_ops(subject: Subject, model: nn.Module, rate: RandomRate | None =
     """
     hook = rate if rate is not None else RandomRate()
     hooked = 0
-    for block in subject.plan(model):
+    for block in subject.blocks(model):
         linear = next((m for m in block.module.modules() if isinstance(m, nn.Linear)), None)
         if linear is not None:
             linear.register_forward_hook(hook)
@@ -147,10 +148,24 @@ def check_gradients_with_random_ops(
     return got
 
 
+class GradientTests(AdapterTests):
+    """Check 2: loss and every gradient equal the plain model's, with dropout too."""
+
+    def test_gradients(self, subject: Subject, policy: PolicyConfig, device: str) -> None:
+        check_gradients(subject, policy, device)
+
+    def test_gradients_with_dropout(self, subject: Subject, policy: PolicyConfig, device: str) -> None:
+        check_gradients_with_dropout(subject, policy, device)
+
+    def test_gradients_with_random_ops(self, subject: Subject, policy: PolicyConfig, device: str) -> None:
+        check_gradients_with_random_ops(subject, policy, device)
+
+
 __all__ = [
     "DROPOUT_P",
     "RANDOM_DROP",
     "RATE_SCHEDULES",
+    "GradientTests",
     "RandomRate",
     "add_random_ops",
     "check_gradients",

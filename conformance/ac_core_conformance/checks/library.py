@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from ac_core import apply_activation_checkpointing, reset_warnings
-from ac_core.library_checkpointing import enable_library_checkpointing, library_checkpointing
+from ac_core import PolicyConfig, apply_activation_checkpointing, reset_warnings
+from ac_core.libraries.checkpointing import enable_library_checkpointing, library_checkpointing
 from ac_core.measure import OpCounter
 from ac_core.policies import retained_ops
 
+from ..base import AdapterTests
 from ..policies import Policy, as_policy, label
 from ..probes import capture_logs
 from ..subjects import Subject
@@ -79,7 +80,7 @@ def check_library_checkpointing_after(subject: Subject, policy: Policy) -> str:
     apply_activation_checkpointing(reference.model, config, adapter=subject.adapter)
     with OpCounter() as alone:
         train_step(reference)
-    kernels = retained_ops(subject.plan(reference.model))
+    kernels = retained_ops(subject.blocks(reference.model))
     twice, once = ops.count(kernels, "backward"), alone.count(kernels, "backward")
     assert twice == once, f"{what}: backward ran attention {twice} times, ac-core alone {once}: checkpointed twice"
     assert_same_step(first, expected, EAGER_TOLERANCE, f"{what}, first step")
@@ -87,4 +88,14 @@ def check_library_checkpointing_after(subject: Subject, policy: Policy) -> str:
     return warnings[0]
 
 
-__all__ = ["check_library_checkpointing", "check_library_checkpointing_after"]
+class LibraryCheckpointingTests(AdapterTests):
+    """Check 8: the library's own gradient checkpointing is turned off with a warning, and training is right."""
+
+    def test_library_checkpointing_taken_over(self, subject: Subject, policy: PolicyConfig) -> None:
+        check_library_checkpointing(subject, policy)
+
+    def test_library_checkpointing_switched_on_after(self, subject: Subject, policy: PolicyConfig) -> None:
+        check_library_checkpointing_after(subject, policy)
+
+
+__all__ = ["LibraryCheckpointingTests", "check_library_checkpointing", "check_library_checkpointing_after"]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ac_core import Full, Ops, PolicyConfig, apply_activation_checkpointing
+from ac_core import Full, Ops, PolicyConfig, apply_activation_checkpointing, select
 from ac_core.measure import held_for_backward
-from ac_core.policies import select
 
+from ..base import AdapterTests
 from ..policies import Policy, as_policy, default_policies, label
 from ..subjects import Subject
 from ..training import build
@@ -24,8 +24,8 @@ def _held(subject: Subject, device: str, backend: str, policy: PolicyConfig | No
 
 
 def _leaves_blocks_unchecked(subject: Subject, device: str, policy: PolicyConfig) -> bool:
-    plan = subject.plan(build(subject, device).model)
-    return len(select(policy, plan)) < len(plan)
+    resolved = subject.blocks(build(subject, device).model)
+    return len(select(policy, resolved)) < len(resolved)
 
 
 def check_memory(subject: Subject, device: str = "cpu", *, policies: Sequence[Policy] | None = None) -> dict[str, int]:
@@ -36,12 +36,14 @@ def check_memory(subject: Subject, device: str = "cpu", *, policies: Sequence[Po
     where it leaves some block unchecked, as ``block_skip`` does).
     """
     backend = preferred_retainable_backend(subject, device)
+    # full and ops at their defaults are the yardsticks; every other config, whatever its class, is measured too.
+    yardsticks = (Full(), Ops())
     others = [
         config
         for config in map(as_policy, default_policies() if policies is None else policies)
-        if not isinstance(config, (Full, Ops))
+        if config not in yardsticks
     ]
-    none, full, ops = (_held(subject, device, backend, config) for config in (None, Full(), Ops()))
+    none, full, ops = (_held(subject, device, backend, config) for config in (None, *yardsticks))
     held = {"none": none, Full.name: full, Ops.name: ops}
     held.update((label(config), _held(subject, device, backend, config)) for config in others)
     figures = ", ".join(f"{name}={n:,} B" for name, n in held.items())
@@ -55,4 +57,13 @@ def check_memory(subject: Subject, device: str = "cpu", *, policies: Sequence[Po
     return held
 
 
-__all__ = ["check_memory"]
+class MemoryTests(AdapterTests):
+    """Check 4: bytes held for backward, full < ops < none; the figures are printed (``-s`` or ``-rA``)."""
+
+    def test_memory(self, subject: Subject, device: str) -> None:
+        held = check_memory(subject, device, policies=self._policies())
+        figures = "  ".join(f"{policy}={n:,} B" for policy, n in held.items())
+        print(f"ac-core held for backward, {subject.id} on {device}: {figures}")
+
+
+__all__ = ["MemoryTests", "check_memory"]

@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from ac_core import apply_activation_checkpointing, is_activation_checkpointed
+from ac_core import PolicyConfig, apply_activation_checkpointing, is_activation_checkpointed
 
+from ..base import AdapterTests
 from ..policies import Policy, as_policy, label
 from ..subjects import Subject
 from ..training import EAGER_TOLERANCE, STEP_SEED, build, tensors_of
@@ -69,4 +70,14 @@ def check_save_pretrained(subject: Subject, policy: Policy, device: str = "cpu")
         )
 
 
-__all__ = ["check_names", "check_save_pretrained"]
+class NameTests(AdapterTests):
+    """Check 5: names unchanged; save_pretrained/from_pretrained round trip where the model has them."""
+
+    def test_names(self, subject: Subject, policy: PolicyConfig) -> None:
+        check_names(subject, policy)
+
+    def test_save_pretrained_round_trip(self, subject: Subject, policy: PolicyConfig) -> None:
+        check_save_pretrained(subject, policy)
+
+
+__all__ = ["NameTests", "check_names", "check_save_pretrained"]

@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from ac_core import apply_activation_checkpointing, checkpointed_blocks
+from ac_core import PolicyConfig, apply_activation_checkpointing, checkpointed_blocks
 
+from ..base import AdapterTests
 from ..policies import Policy, as_policy, label
 from ..subjects import Subject
 from ..training import EAGER_TOLERANCE, assert_same_step, build, plain_step
@@ -57,4 +58,12 @@ def check_pickle_round_trip(subject: Subject, policy: Policy, how: str = "torch.
     assert_same_step(train_step(case), expected, EAGER_TOLERANCE, what)
 
 
-__all__ = ["ROUND_TRIPS", "check_pickle_round_trip"]
+class PicklingTests(AdapterTests):
+    """Check 9: ``torch.save(model)`` and ``copy.deepcopy`` keep the checkpointing, and the copy trains right."""
+
+    @pytest.mark.parametrize("how", ["torch.save", "deepcopy"])
+    def test_pickle_round_trip(self, subject: Subject, policy: PolicyConfig, how: str) -> None:
+        check_pickle_round_trip(subject, policy, how)
+
+
+__all__ = ["ROUND_TRIPS", "PicklingTests", "check_pickle_round_trip"]

@@ -6,14 +6,10 @@ Plan from example inputs (:func:`plan_activation_checkpointing`) or from your ow
 
 from __future__ import annotations
 
-from .plan import (
-    Budget,
-    CheckpointPlan,
-    PlannedBlock,
-    parse_budget,
-    plan_activation_checkpointing,
-    plan_from_profile,
-)
+from .checkpoint_plan import CheckpointPlan, PlannedBlock
+from .memory_budget import MemoryBudget
+from .planner import plan_activation_checkpointing, plan_from_profile
+from .policy import Budget
 from .profile import BlockProfile, ModelProfile, OpOccurrence, profile_model
 from .solve import solve
 from .step import StepProfile, profile_step
@@ -22,11 +18,11 @@ __all__ = [
     "BlockProfile",
     "Budget",
     "CheckpointPlan",
+    "MemoryBudget",
     "ModelProfile",
     "OpOccurrence",
     "PlannedBlock",
     "StepProfile",
-    "parse_budget",
     "plan_activation_checkpointing",
     "plan_from_profile",
     "profile_model",

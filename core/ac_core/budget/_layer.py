@@ -20,13 +20,12 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
-from .._checkpoint import CheckpointLayer, _checkpoint
+from .._checkpoint import CheckpointLayer, checkpoint_call
 from .._sac import selective_contexts
 from ..measure.memory import plain_tensors
-from ..offload import OffloadConfig, _regions
-from ..offload._transport import can_offload, transport_for
-from ..offload.model import PreparedOffload
-from ..policy import CheckpointType
+from ..offload import OffloadConfig
+from ..offload import seam as offload_seam
+from ..policies.modes import BlockMode
 from .profile import Signature, describe_signature, signature
 
 
@@ -70,7 +69,7 @@ class PlannedLayer(CheckpointLayer):
         offload: bool = False,
         preserve_rng_state: bool = True,
     ) -> None:
-        kind = CheckpointType.OPS if keep else CheckpointType.FULL
+        kind = BlockMode.OPS if keep else BlockMode.FULL
         super().__init__(
             kind,
             frozenset(op for op, _ in keep),
@@ -98,10 +97,10 @@ class PlannedLayer(CheckpointLayer):
 
     def _check_offload(self, args: tuple, kwargs: dict[str, Any]) -> None:
         """Raise, naming the fix, where this block's inputs would not go to the host as planned."""
-        if not _regions.session_active():
+        if not offload_seam.session_active():
             why = (
                 "the plan's offload is not on the model (remove_activation_offload took it off)"
-                if can_offload()
+                if offload_seam.can_offload()
                 else "it needs a CUDA device, and none is available"
             )
             raise RuntimeError(
@@ -109,7 +108,7 @@ class PlannedLayer(CheckpointLayer):
                 f"offload runs: {why}. Apply the plan on a CUDA machine, or plan without offload (offload=None)"
             )
         tensor = next(plain_tensors((args, kwargs)), None)
-        if tensor is not None and transport_for(tensor) is None:
+        if tensor is not None and offload_seam.transport_for(tensor) is None:
             raise RuntimeError(
                 f"this checkpoint plan moves the inputs of block {self.path!r} to host memory, which offload does "
                 f"for tensors on CUDA; they are on {tensor.device}. Move the model and its inputs to CUDA "
@@ -121,9 +120,9 @@ class PlannedLayer(CheckpointLayer):
         if self.keep:
             options["context_fn"] = functools.partial(occurrence_context, self.keep)
         if not self.offload:
-            return _checkpoint(module, self.path, call_next, args, kwargs, **options)
-        with _regions.lift_no_offload():  # the plan keeps the rest of the model on the device
-            return _checkpoint(module, self.path, call_next, args, kwargs, **options)
+            return checkpoint_call(module, self.path, call_next, args, kwargs, **options)
+        with offload_seam.lift_no_offload():  # the plan keeps the rest of the model on the device
+            return checkpoint_call(module, self.path, call_next, args, kwargs, **options)
 
 
 def _every_forward(model: nn.Module, inputs: Any) -> int:
@@ -136,7 +135,7 @@ class PlanOffload:
     model kept on the device but the inputs of the blocks the plan lifts that for."""
 
     def __init__(self, model: nn.Module, config: OffloadConfig) -> None:
-        self.prepared = PreparedOffload(model, config, _every_forward, "a checkpoint plan", keep=(model,))
+        self.prepared = offload_seam.PreparedOffload(model, config, _every_forward, "a checkpoint plan", keep=(model,))
         self.installed = False
 
     def install(self) -> None:

@@ -35,12 +35,12 @@ from torch.utils._pytree import tree_map
 
 from .. import _chain, _checkpoint
 from .._recompute import named_tensors
+from ..blocks import Block, ModelBlocks
 from ..measure.flops import GlobalFlopCounter
 from ..measure.memory import held_for_backward, live_nbytes, new_storages, plain_tensors, storage_ref
-from ..plan import Block, BlockPlan
-from ..policy import CheckpointType
+from ..policies.modes import BlockMode
 from ._isolation import CopyOnWrite, isolated, written
-from .offload import InputRecorder, SavedInputs
+from .offload_cost import InputRecorder, SavedInputs
 
 # One tensor argument of a block: (argument, shape, dtype). The argument is its position ("0") or keyword name,
 # with a pytree path suffix for tensors inside containers ("rotary[1]").
@@ -285,13 +285,13 @@ def _planning_error(model: nn.Module, block: Block | None, op: str | None, exc: 
 
 
 @contextmanager
-def _failures_named(plan: BlockPlan, guard: CopyOnWrite, block: Block | None = None) -> Iterator[None]:
+def _failures_named(resolved: ModelBlocks, guard: CopyOnWrite, block: Block | None = None) -> Iterator[None]:
     """An error in a planning forward becomes :func:`_planning_error`'s, naming ``block``, or else the block the
     forward was in: entered (a pre-hook) and not left (a forward hook, which an exception skips)."""
     inside: list[Block] = []
     handles = []
     if block is None:
-        for each in plan:
+        for each in resolved:
             handles.append(each.module.register_forward_pre_hook(functools.partial(_entered, inside, each)))
             handles.append(each.module.register_forward_hook(functools.partial(_left, inside)))
     try:
@@ -300,7 +300,7 @@ def _failures_named(plan: BlockPlan, guard: CopyOnWrite, block: Block | None = N
         raise  # not the forward's fault; a training loop may handle it
     except Exception as exc:
         where = block if block is not None else inside[-1] if inside else None
-        raise _planning_error(plan.served_model, where, guard.failed_op(exc), exc) from exc
+        raise _planning_error(resolved.served_model, where, guard.failed_op(exc), exc) from exc
     finally:
         for handle in handles:
             handle.remove()
@@ -332,11 +332,11 @@ def inputs_signature(example_inputs: Any) -> Signature:
 
 
 def profile_alone(
-    plan: BlockPlan, block: Block, call: Callable[..., Any], key: ProfileKey, args: tuple, kwargs: dict
+    resolved: ModelBlocks, block: Block, call: Callable[..., Any], key: ProfileKey, args: tuple, kwargs: dict
 ) -> BlockProfile:
     """Profile ``block`` alone, ``call`` running it on :func:`_fed` copies of ``args`` and ``kwargs`` (grad
     enabled), :func:`~._isolation.isolated`; refuse a block that changes its input in place, naming the op."""
-    with isolated(plan.model) as guard, _failures_named(plan, guard, block):
+    with isolated(resolved.model) as guard, _failures_named(resolved, guard, block):
         args, kwargs = _fed(args), _fed(kwargs)
         inputs = named_tensors(args, kwargs)
         guard.watch(tensor for _, tensor in inputs)
@@ -379,14 +379,15 @@ def _profile_block(run: Callable[[], Any], class_name: str, key: ProfileKey) -> 
     )
 
 
-def profile_model(plan: BlockPlan, example_inputs: Any) -> ModelProfile:
-    """Profile every block of ``plan`` at ``example_inputs`` (real, meta or fake tensors), each block on its own.
+def profile_model(resolved: ModelBlocks, example_inputs: Any) -> ModelProfile:
+    """Profile every block of ``resolved`` (from :func:`~ac_core.resolve_blocks`) at ``example_inputs`` (real, meta
+    or fake tensors), each block on its own.
 
     Each of its forwards is :func:`~._isolation.isolated`: the model, the inputs, the RNG are as they were after
     it, and the user's forward hooks do not fire. A forward that fails raises :func:`_planning_error`'s error.
     """
-    model = plan.model
-    blocks = list(plan)
+    model = resolved.model
+    blocks = list(resolved)
     captured: dict[str, tuple[tuple, dict[str, Any]]] = {}
     block_inputs: dict[int, tuple[StorageWeakRef, int]] = {}
     keys: dict[str, ProfileKey] = {}
@@ -415,7 +416,7 @@ def profile_model(plan: BlockPlan, example_inputs: Any) -> ModelProfile:
         with (
             _unchecked([model, *(b.module for b in blocks)]),
             isolated(model, example_inputs) as guard,
-            _failures_named(plan, guard),
+            _failures_named(resolved, guard),
             torch.enable_grad(),
             _CpuAttentionOnMeta(),
         ):
@@ -438,10 +439,10 @@ def profile_model(plan: BlockPlan, example_inputs: Any) -> ModelProfile:
         block = by_path[path]
         args, kwargs = captured.pop(path)
         with _unchecked([block.module]), torch.enable_grad(), _CpuAttentionOnMeta():
-            profiles[key] = profile_alone(plan, block, block.module, key, args, kwargs)
-    with isolated(model, example_inputs) as guard, _failures_named(plan, guard):
-        full_bytes, saved_inputs = _held_all_full(plan, example_inputs)
-    served = plan.served_model
+            profiles[key] = profile_alone(resolved, block, block.module, key, args, kwargs)
+    with isolated(model, example_inputs) as guard, _failures_named(resolved, guard):
+        full_bytes, saved_inputs = _held_all_full(resolved, example_inputs)
+    served = resolved.served_model
     return ModelProfile(
         model_class=f"{type(served).__module__}.{type(served).__qualname__}",
         inputs=inputs_signature(example_inputs),
@@ -471,19 +472,19 @@ def _per_forward(profile: BlockProfile, calls: int) -> BlockProfile:
     )
 
 
-def _held_all_full(plan: BlockPlan, example_inputs: Any) -> tuple[int, SavedInputs]:
+def _held_all_full(resolved: ModelBlocks, example_inputs: Any) -> tuple[int, SavedInputs]:
     """Bytes the model's forward holds for backward with every block checkpointed whole, as ac-core does it, and
     the inputs those checkpoints save that offload could move (see :class:`.offload.InputRecorder`)."""
-    blocks = list(plan)
-    with _unchecked([plan.model, *(b.module for b in blocks)]):
+    blocks = list(resolved)
+    with _unchecked([resolved.model, *(b.module for b in blocks)]):
         for b in blocks:
             layer = _checkpoint.CheckpointLayer(
-                CheckpointType.FULL, frozenset(), b.path, b.expects_attention, root=plan.model
+                BlockMode.FULL, frozenset(), b.path, b.expects_attention, root=resolved.model
             )
             _checkpoint.install(b.module, layer)
         try:
-            with torch.enable_grad(), _CpuAttentionOnMeta(), InputRecorder(plan, example_inputs) as recorder:
-                out, held = held_for_backward(lambda: call_model(plan.model, example_inputs))
+            with torch.enable_grad(), _CpuAttentionOnMeta(), InputRecorder(resolved, example_inputs) as recorder:
+                out, held = held_for_backward(lambda: call_model(resolved.model, example_inputs))
             saved = recorder.finish()  # while ``out`` keeps the forward's graph alive
             del out
         finally:

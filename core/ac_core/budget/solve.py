@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from torch._functorch._activation_checkpointing.knapsack import dp_knapsack
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .offload import Moved, OffloadModel
+from ..policies import BlockMode
+from .offload_cost import Moved, OffloadCost
 from .profile import BlockProfile, ModelProfile, OpOccurrence
 
 # torch's dp_knapsack quantises memory to 1/_SCALE of the capacity.
@@ -43,14 +44,12 @@ _SCALE = 10000
 # Most (group, unchecked count) combinations tried; beyond it each group tries fewer counts, evenly spread.
 _MAX_COMBINATIONS = 256
 
-NONE, FULL, OPS = "none", "full", "ops"
-
 
 @dataclass(frozen=True)
 class Choice:
     """One block's part of a plan: ``mode`` none/full/ops, the kept occurrences, what it holds and recomputes."""
 
-    mode: str
+    mode: BlockMode
     keep: tuple[tuple[str, int], ...]
     held_bytes: int
     recompute_flops: int
@@ -80,7 +79,7 @@ def _checkpointed(profile: BlockProfile, kept: list[OpOccurrence], offload: bool
     keep = tuple(sorted((op.op, op.index) for op in kept))
     saved = sum(op.flops for op in kept)
     flops = max(0, profile.recompute_flops - saved)
-    return Choice(OPS if keep else FULL, keep, sum(op.nbytes for op in kept), flops, offload)
+    return Choice(BlockMode.OPS if keep else BlockMode.FULL, keep, sum(op.nbytes for op in kept), flops, offload)
 
 
 def _counts(size: int, limit: int) -> list[int]:
@@ -96,7 +95,7 @@ def _flops(choices: list[Choice]) -> int:
 class _Problem:
     """One profile, budget and offload model: what a set of choices holds, and the best fill of a layout."""
 
-    def __init__(self, profile: ModelProfile, budget_bytes: int, offload: OffloadModel | None) -> None:
+    def __init__(self, profile: ModelProfile, budget_bytes: int, offload: OffloadCost | None) -> None:
         self.profile = profile
         self.paths = [path for path, _ in profile.blocks]
         self.blocks = [p for _, p in profile.blocks]
@@ -125,14 +124,14 @@ class _Problem:
         for index in _knapsack([op for _, op in items], room):
             by_block.setdefault(items[index][0], []).append(items[index][1])
         return [
-            Choice(NONE, (), p.none_bytes, 0)
+            Choice(BlockMode.NONE, (), p.none_bytes, 0)
             if i in unchecked
             else _checkpointed(p, by_block.get(i, []), offload=i in offloaded)
             for i, p in enumerate(blocks)
         ]
 
 
-def solve(profile: ModelProfile, budget_bytes: int, offload: OffloadModel | None = None) -> list[Choice]:
+def solve(profile: ModelProfile, budget_bytes: int, offload: OffloadCost | None = None) -> list[Choice]:
     """Each block's choice (in ``profile.blocks`` order) holding at most ``budget_bytes`` in all, least recompute;
     with ``offload``, checkpointed blocks' inputs go to the host where that leaves room to keep more."""
     problem = _Problem(profile, budget_bytes, offload)
@@ -168,8 +167,8 @@ def solve(profile: ModelProfile, budget_bytes: int, offload: OffloadModel | None
     # A block keeping every keepable op recomputes no FLOPs; unchecked it recomputes nothing at all (not even the
     # ops without FLOPs), so leave it unchecked where the budget allows.
     for i, (c, p) in enumerate(zip(choices, blocks, strict=True)):
-        if c.mode != NONE and c.recompute_flops == 0:
-            trial = [*choices[:i], Choice(NONE, (), p.none_bytes, 0), *choices[i + 1 :]]
+        if c.mode != BlockMode.NONE and c.recompute_flops == 0:
+            trial = [*choices[:i], Choice(BlockMode.NONE, (), p.none_bytes, 0), *choices[i + 1 :]]
             if problem.device_bytes(trial) <= budget_bytes:
                 choices = trial
     return choices

@@ -37,13 +37,14 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from ..library_checkpointing import FLAG
+from ..blocks import Block, ModelBlocks, resolve_blocks
+from ..libraries.checkpointing import FLAG
 from ..measure.memory import live_nbytes, new_storages, plain_tensors, storage_ref
 from ..offload import OffloadConfig
-from ..plan import Block, BlockPlan, resolve_blocks
 from ..spec import AdapterSpec
-from .offload import SavedInputs
-from .plan import CheckpointPlan, named_containers, plan_from_profile
+from .checkpoint_plan import CheckpointPlan
+from .offload_cost import SavedInputs
+from .planner import named_containers, plan_from_profile
 from .profile import (
     BlockProfile,
     ModelProfile,
@@ -89,8 +90,8 @@ class _Recorder(TorchDispatchMode):
 class StepProfile:
     """One training step's profile, recorded by :func:`profile_step`; plan from it with :meth:`plan`."""
 
-    def __init__(self, block_plan: BlockPlan) -> None:
-        self.block_plan = block_plan
+    def __init__(self, resolved: ModelBlocks) -> None:
+        self.resolved = resolved
         self._made: dict[int, _Made] = {}
         self._inside: list[Block] = []
         self._recording = False
@@ -108,8 +109,8 @@ class StepProfile:
     def __enter__(self) -> StepProfile:
         if self._recording or self._keys:
             raise RuntimeError("a StepProfile records one step: call ac_core.profile_step(model) for another")
-        plan = self.block_plan
-        model = plan.model
+        resolved = self.resolved
+        model = resolved.model
         stack = self._stack
         try:
             stack.enter_context(_unchecked([*model.modules()]))
@@ -119,7 +120,7 @@ class StepProfile:
                 setattr(module, FLAG, False)
             stack.callback(_switch_on, switched)
             stack.enter_context(_hooked(model, self._root_entered, self._root_left))
-            for block in plan:
+            for block in resolved:
                 stack.enter_context(_hooked(block.module, self._entering(block), self._leaving(block)))
             for name in ("backward", "grad"):
                 original = getattr(torch.autograd, name)
@@ -188,7 +189,7 @@ class StepProfile:
         self._rerunning = True
         try:
             with _disable_current_modes():  # no mode of the step sees the extra run: ours, the user's
-                return profile_alone(self.block_plan, block, block.module.forward, key, args, kwargs)
+                return profile_alone(self.resolved, block, block.module.forward, key, args, kwargs)
         finally:
             self._rerunning = False
 
@@ -242,24 +243,26 @@ class StepProfile:
     def profile(self) -> ModelProfile:
         """The step's :class:`~ac_core.budget.ModelProfile`: ``none_bytes`` as the step held at backward's start,
         ``full_bytes`` (hence ``min_bytes``) from where its storages were made, the blocks' own profiles."""
-        plan = self.block_plan
+        resolved = self.resolved
         if self._figures is None:
             raise ValueError(
                 "profile_step(...) has a profile once backward starts in its with block, or the block ends (without "
                 "an error)"
             )
-        missing = [b.path for b in plan if b.path not in self._keys]
+        missing = [b.path for b in resolved if b.path not in self._keys]
         if missing:
             raise ValueError(
                 f"the profiled step ran no forward with grad through block(s) {missing} before backward started: "
                 "profile a training step that calls them"
             )
         none_bytes, kept, freed = self._figures
-        served = plan.served_model
+        served = resolved.served_model
         return ModelProfile(
             model_class=f"{type(served).__module__}.{type(served).__qualname__}",
             inputs=self._inputs or (),
-            blocks=tuple((b.path, _per_forward(self._profiles[self._keys[b.path]], self._calls[b.path])) for b in plan),
+            blocks=tuple(
+                (b.path, _per_forward(self._profiles[self._keys[b.path]], self._calls[b.path])) for b in resolved
+            ),
             none_bytes=none_bytes,
             checkpoint_input_bytes=freed,
             full_bytes=kept + freed,
@@ -280,7 +283,7 @@ class StepProfile:
                 "memory needs a forward with every block checkpointed, which the step does not run; plan offload "
                 "with ac_core.plan_activation_checkpointing(model, example_inputs, budget, offload=...)"
             )
-        return plan_from_profile(self.profile, memory_budget, containers=named_containers(self.block_plan))
+        return plan_from_profile(self.profile, memory_budget, containers=named_containers(self.resolved))
 
 
 @contextmanager

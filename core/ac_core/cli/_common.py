@@ -250,16 +250,6 @@ def environment(device: torch.device, dtype: torch.dtype, **settings: Any) -> di
     }
 
 
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
 def human_flops(n: float | None) -> str:
     if n is None:
         return "-"

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..budget import MemoryBudget
 from ..offload import OffloadConfig
 from ..policies import BlockSkip, Full
 from ..spec import AdapterSpec, ModelSpec
@@ -38,7 +39,7 @@ DEVICES = ("cpu", "cuda")
 DEFAULT_BUDGETS = "0.25,0.5,0.75"
 
 
-def _budgets(value: str) -> list[float | int | str]:
+def _budgets(value: str) -> list[MemoryBudget]:
     """``--budget``: comma-separated fractions of none's held-for-backward, bytes or sizes."""
     try:
         return [budget_value(name) for name in split_names(value)]
@@ -137,7 +138,7 @@ def _run(args: argparse.Namespace, selected: list[tuple[AdapterSpec, list[ModelS
         n_layer=args.n_layer[0] if len(args.n_layer) == 1 else args.n_layer,  # one n: an int, as before lists
         subsets=args.subsets,
         offload_min_tokens=args.offload,
-        budgets=args.budgets or None,
+        budgets=[budget.given for budget in args.budgets] or None,  # as written: JSON takes no MemoryBudget
     )
     console = stdout()
     print_table(console, rows, env)
@@ -177,6 +178,8 @@ def add_parser(subparsers: Any) -> None:
             "activation memory (peak beyond parameters and gradients; bytes held for backward), FLOPs and the "
             "recompute overhead over 'none', attention kernels re-run in backward, median step time and its ratio "
             "to 'none', and gradients checked against 'none' (always measured first, as the reference). "
+            "On the tiny preset (the default) the step-time columns are headed 'host overhead': models a few KiB "
+            "wide time Python and dispatch, not device work; time a real-width --preset for step-time ratios. "
             "Exits with 1 when a row fails or its gradients differ from 'none''s."
         ),
     )
@@ -213,7 +216,11 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--device", choices=DEVICES, default="cpu")
     parser.add_argument("--steps", type=positive, default=3, help="timed steps per row; the median is reported (3)")
     parser.add_argument(
-        "--warmup", type=non_negative, default=1, help="untimed steps per model before its first row (1)"
+        "--warmup",
+        type=non_negative,
+        default=1,
+        help="untimed steps of each plain model before its first row (1); every row's timed steps also follow its "
+        "measured step",
     )
     parser.add_argument(
         "--offload",

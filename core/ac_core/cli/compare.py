@@ -7,7 +7,9 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..measure.compiled import ROUTES, BudgetComparison, CompiledActivations, compare_budgets, compare_routes
+from ..budget import MemoryBudget
+from ..experiments import ROUTES, BudgetComparison, compare_budgets, compare_routes
+from ..measure import CompiledActivations
 from ..spec import ModelCase, ModelSpec
 from ..testing import toy_case
 from ._common import (
@@ -52,7 +54,7 @@ def format_budgets(results: list[BudgetComparison], title: str) -> str:
     return "\n".join(lines)
 
 
-def _budget_list(value: str) -> list[float | int | str]:
+def _budget_list(value: str) -> list[MemoryBudget]:
     return [budget_value(name) for name in split_names(value)]
 
 

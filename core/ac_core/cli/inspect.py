@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import operator
 import sys
 from collections import Counter
 from typing import Any
@@ -14,10 +13,10 @@ from rich.console import Console
 from rich.markup import escape
 from torch import nn
 
+from ..blocks import ModelBlocks, resolve_blocks
 from ..errors import AdapterError
-from ..measure import attribute_ops, op_matches
+from ..measure import op_matches
 from ..ops import DEFAULT_RETAINED_OPS
-from ..plan import BlockPlan, resolve_blocks
 from ..refs import load_ref
 from ..registry import registered_adapters
 from ..spec import AdapterSpec, ModelCase, ModelSpec, class_path
@@ -35,35 +34,24 @@ from ._common import (
     version_status,
 )
 from .draft import DraftError, Findings, TensorInput, draft_source, inspect_class, load_config
+from .op_counts import block_op_counts
 
 
-def retained_ops_per_block(case: ModelCase, plan: BlockPlan, retained: frozenset[str]) -> dict[str, dict[str, float]]:
-    """Block class -> {op name: calls per block forward} of the ops ``ops`` retains, from forwards of ``case``.
-
-    One forward finds the blocks that run and the retained op names seen; one more per op name counts it.
-    """
-    blocks = {block.path: block.module for block in plan}
-    seen: set[str] = set()
-
-    def any_op(name: str) -> bool:
-        if op_matches(name, retained):
-            seen.add(name)
-        return True
-
-    with attribute_ops(blocks, any_op) as ran:
-        case.run()
-    runs = Counter(block.class_name for block in plan if ran[block.path])
+def retained_ops_per_block(case: ModelCase, plan: ModelBlocks, retained: frozenset[str]) -> dict[str, dict[str, float]]:
+    """Block class -> {op name: calls per block forward} of the ops ``ops`` retains, from forwards of ``case``,
+    averaged over the blocks of the class that ran."""
+    counts, ran = block_op_counts(
+        {block.path: block.module for block in plan}, case.run, functools.partial(op_matches, names=retained)
+    )
+    runs = Counter(block.class_name for block in plan if block.path in ran)
     kept: dict[str, Counter[str]] = {kind: Counter() for kind in runs}
-    for op in sorted(seen):
-        with attribute_ops(blocks, functools.partial(operator.eq, op)) as counts:
-            case.run()
-        for block in plan:
-            if counts[block.path]:
-                kept[block.class_name][op] += counts[block.path]
+    for block in plan:
+        if block.path in ran:
+            kept[block.class_name].update(counts[block.path])
     return {kind: {op: n / runs[kind] for op, n in sorted(kept[kind].items())} for kind in runs}
 
 
-def _container_lines(plan: BlockPlan) -> list[str]:
+def _container_lines(plan: ModelBlocks) -> list[str]:
     lines = []
     for container in plan.containers:
         kinds = ", ".join(Counter(block.class_name for block in container.blocks))
@@ -72,7 +60,7 @@ def _container_lines(plan: BlockPlan) -> list[str]:
     return lines
 
 
-def _excluded_lines(plan: BlockPlan | None, model: ModelSpec) -> list[str]:
+def _excluded_lines(plan: ModelBlocks | None, model: ModelSpec) -> list[str]:
     if plan is None:
         return [escape(f"{excluded.path}: {excluded.reason}") for excluded in model.excluded] or ["none"]
     lines = []
@@ -114,7 +102,7 @@ def _build(model: ModelSpec, preset: str) -> tuple[ModelCase, str]:
         return build_case(model, preset), f"preset {preset}, built on the meta device"
 
 
-def _plan(case: ModelCase, adapter: AdapterSpec) -> BlockPlan:
+def _plan(case: ModelCase, adapter: AdapterSpec) -> ModelBlocks:
     # The library version gets its own line, supported or not: it does not stop the inspection.
     return resolve_blocks(case.model, adapter, check_versions=False)
 

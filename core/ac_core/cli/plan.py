@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..budget import CheckpointPlan, parse_budget, plan_activation_checkpointing
+from ..budget import CheckpointPlan, MemoryBudget, plan_activation_checkpointing
 from ..spec import AdapterSpec, ModelCase, ModelSpec
 from ._common import (
     DTYPES,
@@ -35,8 +35,8 @@ from ._common import (
 DEVICES = ("meta", "cpu")
 
 
-def budget_value(text: str) -> float | int | str:
-    """``--budget``: a fraction (``0.5``), bytes (``1000000``) or a size (``40GiB``), checked as the API does."""
+def budget_value(text: str) -> MemoryBudget:
+    """``--budget``: a fraction (``0.5``), bytes (``1000000``) or a size (``40GiB``), parsed as the API parses it."""
     value: float | int | str
     try:
         value = int(text)
@@ -46,10 +46,9 @@ def budget_value(text: str) -> float | int | str:
         except ValueError:
             value = text
     try:
-        parse_budget(value)
+        return MemoryBudget.of(value)
     except (TypeError, ValueError) as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    return value
 
 
 def _model(adapter: AdapterSpec, preset: str, name: str | None) -> ModelSpec:

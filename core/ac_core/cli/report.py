@@ -13,8 +13,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ._common import human_bytes, human_flops
-from .rows import BUDGET, Row
+from ..units import human_bytes
+from ._common import TINY, human_flops
+from .rows import BUDGET, NONE, Row
 
 
 def _percent(value: float | None) -> str:
@@ -43,7 +44,10 @@ def print_table(console: Console, rows: Sequence[Row], env: dict[str, Any]) -> N
     where = f"{env['device']} ({env['device_name']}), {env['dtype']}, preset {env['preset']}"
     if env.get("seq") is not None or env.get("layers") is not None:
         where += f", seq {env.get('seq') or 'default'}, layers {env.get('layers') or 'default'}"
-    table = Table(title=f"ac-core bench: {where}", caption=_CAPTION.format(**env), caption_justify="left")
+    host = env["preset"] == TINY
+    caption = _CAPTION.format(**env) + (_HOST_CAPTION if host else "")
+    table = Table(title=f"ac-core bench: {where}", caption=caption, caption_justify="left")
+    step, ratio = (HOST_STEP, HOST_RATIO) if host else ("step", "vs none")
     for name, justify in (
         ("adapter", "left"),
         ("model", "left"),
@@ -53,8 +57,8 @@ def print_table(console: Console, rows: Sequence[Row], env: dict[str, Any]) -> N
         ("FLOPs", "right"),
         ("recompute", "right"),
         ("attn re-run", "right"),
-        ("step", "right"),
-        ("vs none", "right"),
+        (step, "right"),
+        (ratio, "right"),
         ("grads vs none", "left"),
     ):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
@@ -122,7 +126,14 @@ _CAPTION = (
     "act. peak: peak memory during forward+backward beyond parameters, gradients and inputs; "
     "held for bwd: bytes the forward leaves for backward; recompute: FLOPs over none; "
     "attn re-run: attention kernels run again in backward; step: median of {steps} timed step(s), after "
-    "{warmup} warm-up step(s) per model and the row's measured step."
+    "{warmup} warm-up step(s) of the plain model and the row's measured step, the garbage collector paused."
+)
+# Tiny models are a few KiB wide: their steps time Python and dispatch overhead, which checkpointing adds to
+# (a checkpointed row reruns its forward's Python), and not the device work a real-width model's step is.
+HOST_STEP, HOST_RATIO = "step (host overhead, tiny)", "vs none (host overhead)"
+_HOST_CAPTION = (
+    " On the tiny preset step and vs none measure host (Python) overhead, not what a real-width step costs: "
+    "time a real-width preset (--preset) for step-time ratios."
 )
 
 
@@ -142,13 +153,23 @@ def write_json(path: Path, rows: Sequence[Row], env: dict[str, Any]) -> None:
 
 
 def write_plot(path: Path, rows: Sequence[Row], env: dict[str, Any]) -> None:
-    """Activation peak against recompute overhead: one panel per adapter, one colour per model class."""
+    """Activation peak, as a percent of ``none``'s on the same model, against recompute overhead: one panel per
+    adapter, one colour per model class."""
+    fig = _figure(rows, env)
+    import matplotlib.pyplot as plt  # after _figure has chosen the backend
+
+    fig.savefig(path, format="png", dpi=_DPI)
+    plt.close(fig)
+
+
+def _figure(rows: Sequence[Row], env: dict[str, Any]) -> Any:
+    """The plot's figure (matplotlib's, on its Agg backend: drawn to files, never to a window)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    measured = [(r, point) for r in rows if (point := _point(r)) is not None]
+    measured = plot_points(rows)
     adapters = list(dict.fromkeys(r.adapter for r, _ in measured)) or ["(no rows measured)"]
     fig, axes = plt.subplots(1, len(adapters), figsize=(5 * len(adapters), 4.2), dpi=_DPI, squeeze=False)
     labels: dict[Any, list[_Label]] = {}
@@ -185,7 +206,7 @@ def write_plot(path: Path, rows: Sequence[Row], env: dict[str, Any]) -> None:
         ax.margins(x=0.25, y=0.15)  # room for the labels
         ax.set_title(adapter)
         ax.set_xlabel("recompute overhead (% FLOPs over none)")
-        ax.set_ylabel("activation peak (MiB)")
+        ax.set_ylabel("activation peak (% of none's on the model)")
         ax.grid(True, alpha=0.3)
         if models:
             ax.legend(fontsize=7)
@@ -194,15 +215,27 @@ def write_plot(path: Path, rows: Sequence[Row], env: dict[str, Any]) -> None:
     # Placed after the layout: label positions are worked out in display space, which the layout changes.
     for ax, panel in labels.items():
         _place_labels(ax, panel)
-    fig.savefig(path, format="png", dpi=_DPI)
-    plt.close(fig)
+    return fig
 
 
-def _point(row: Row) -> tuple[float, float] | None:
-    """(recompute overhead in %, activation peak in MiB) of a measured row; None for one not measured."""
-    if row.status != "ok" or row.recompute_overhead is None or row.activation_peak_bytes is None:
-        return None
-    return 100 * row.recompute_overhead, row.activation_peak_bytes / 2**20
+def plot_points(rows: Sequence[Row]) -> list[tuple[Row, tuple[float, float]]]:
+    """Each measured row with its point: (recompute overhead in %, activation peak in % of the ``none`` row's
+    of the same model), so that panels of models a thousand times apart in size read alike.
+
+    A model whose ``none`` row was not measured (or peaked at 0 bytes) has no points.
+    """
+    none_peaks = {
+        (r.adapter, r.model): r.activation_peak_bytes
+        for r in rows
+        if r.label == NONE and r.status == "ok" and r.activation_peak_bytes
+    }
+    points = []
+    for r in rows:
+        reference = none_peaks.get((r.adapter, r.model))
+        if r.status != "ok" or r.recompute_overhead is None or r.activation_peak_bytes is None or not reference:
+            continue
+        points.append((r, (100 * r.recompute_overhead, 100 * r.activation_peak_bytes / reference)))
+    return points
 
 
 _DPI = 100

@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass, replace
 from itertools import combinations
 from typing import Any
 
+from ..budget import MemoryBudget
 from ..offload import OffloadConfig
-from ..policies import BlockSkip, Full, PolicyConfig, policy_config, registered_policies
+from ..policies import CheckpointType, PolicyConfig, policy_config, policy_traits, registered_policies
 
 NONE, LIBRARY, BUDGET = "none", "library", "budget"
 
@@ -40,7 +41,7 @@ class Variant:
     policy: PolicyConfig | str
     offload: OffloadConfig | None = None
     save_on_cpu: bool = False
-    budget: float | int | str | None = None  # a BUDGET row's memory budget (fraction of none, bytes or size)
+    budget: MemoryBudget | None = None  # a BUDGET row's memory budget (fraction of none, bytes or size)
     containers: tuple[str, ...] | None = None
 
     @property
@@ -56,17 +57,19 @@ class Variant:
     def label(self) -> str:
         if self.policy == BUDGET:
             return f"{BUDGET}({self.budget})"
-        base = f"{self.name}(n={self.policy.every})" if isinstance(self.policy, BlockSkip) else self.name
+        knob = None if isinstance(self.policy, str) else policy_traits(self.policy).n_layer_field
+        base = f"{self.name}(n={getattr(self.policy, knob)})" if knob is not None else self.name
         where = f"[{','.join(self.containers)}]" if self.containers else ""
         return base + where + ("+offload" if self.offload else "") + ("+save_on_cpu" if self.save_on_cpu else "")
 
 
 def _configs(name: str, n_layers: Sequence[int]) -> list[PolicyConfig | str]:
-    # --n-layer is block_skip's every-n-th block (one row per n); every other policy takes its defaults.
+    # --n-layer sets the knob a policy's traits name (block_skip's every-n-th block; one row per n); every other
+    # policy takes its defaults.
     if name not in registered_policies():
         return [name]
-    if registered_policies()[name] is BlockSkip:
-        return [BlockSkip(every=n) for n in n_layers]
+    if policy_traits(registered_policies()[name]).n_layer_field is not None:
+        return [policy_config(name, n) for n in n_layers]
     return [policy_config(name)]
 
 
@@ -74,7 +77,7 @@ def variants(
     names: Sequence[str],
     n_layers: Sequence[int],
     offload: OffloadConfig | None = None,
-    budgets: Sequence[float | int | str] = (),
+    budgets: Sequence[MemoryBudget] = (),
 ) -> list[Variant]:
     """The rows to measure for each model, ``none`` first (the reference every other row is compared with).
 
@@ -89,7 +92,7 @@ def variants(
         rows.append(Variant(policy))
         if offload is not None and policy != LIBRARY:
             rows.append(Variant(policy, offload=offload))
-        if offload is not None and isinstance(policy, Full):
+        if offload is not None and not isinstance(policy, str) and policy.name == CheckpointType.FULL:
             rows.append(Variant(policy, save_on_cpu=True))
     if BUDGET in names:
         rows.extend(Variant(BUDGET, budget=budget) for budget in budgets)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -14,9 +15,10 @@ import torch
 from torch import nn
 
 from .. import _chain
-from ..budget import CheckpointPlan, ModelProfile, plan_from_profile, profile_model
+from ..blocks import resolve_blocks
+from ..budget import CheckpointPlan, MemoryBudget, ModelProfile, plan_from_profile, profile_model
 from ..checkpointing import apply_activation_checkpointing, checkpointed_blocks, remove_activation_checkpointing
-from ..library_checkpointing import (
+from ..libraries.checkpointing import (
     SWITCHES,
     disable_library_checkpointing,
     enable_library_checkpointing,
@@ -25,7 +27,7 @@ from ..library_checkpointing import (
 from ..measure import GradCheck, StepMeasurement, compare_grads, measure_step, time_steps
 from ..offload import apply_activation_offload
 from ..ops import DEFAULT_RETAINED_OPS
-from ..plan import resolve_blocks
+from ..policies import BlockMode
 from ..spec import AdapterSpec, ModelCase, ModelSpec
 from ._common import ac_core_logs_to, build_case, missing_library, stderr, version_status
 from .rows import BUDGET, LIBRARY, NONE, Row, Variant, compare_with_best_fixed, on_subsets
@@ -52,7 +54,7 @@ class Planner:
         self.case, self.adapter = case, adapter
         self._profile: ModelProfile | None = None
 
-    def __call__(self, budget: float | int | str) -> CheckpointPlan:
+    def __call__(self, budget: MemoryBudget) -> CheckpointPlan:
         if self._profile is None:
             blocks = resolve_blocks(self.case.model, self.adapter, None)
             self._profile = profile_model(blocks, dict(self.case.inputs))
@@ -63,7 +65,7 @@ class Planner:
 
 
 def _modes(plan: CheckpointPlan) -> str:
-    counts = {mode: sum(b.mode == mode for b in plan.blocks) for mode in ("none", "full", "ops")}
+    counts = {mode: sum(b.mode == mode for b in plan.blocks) for mode in BlockMode}
     return ", ".join(f"{n} {mode}" for mode, n in counts.items() if n)
 
 
@@ -121,6 +123,23 @@ def _unchecked_on_purpose() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(dropped)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a row's steps are timed, back on after.
+
+    With the model libraries imported a full collection takes 170-450 ms here: landing in one step of a tiny
+    model, it reads as that row being twenty times slower than its sibling.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def teardown(variant: Variant, model: nn.Module) -> None:
@@ -219,8 +238,9 @@ def model_rows(
         return [Row(adapter.name, label, None, None, "skipped", reason)]
     try:
         case = build(model, settings)
-        # Warm up once, plain, so that lazily built state (caches, allocator pools) is not counted as
-        # activations; each row's timed steps then follow its measured step, which warms up its own path.
+        # Warm up plain, so that lazily built state (caches, allocator pools, first-call costs) is counted
+        # neither as activations nor in the first row's time; each row's timed steps then follow its measured
+        # step, which warms up its own path (and the plain model's when --warmup is 0).
         if settings.warmup:
             time_steps(case, settings.warmup, on_step=lambda: advance(1))
     except Exception as exc:
@@ -261,7 +281,8 @@ def model_rows(
             reference_grads = measured.grads if reference is None else reference[0].grads
             check = compare_grads(_grads(case.model), reference_grads)
             step_done()
-            times = time_steps(case, settings.steps, on_step=step_done)
+            with _collector_paused():
+                times = time_steps(case, settings.steps, on_step=step_done)
         except SkipRow as exc:
             row.status, row.reason = "skipped", str(exc)
             continue

@@ -14,7 +14,8 @@ import torch
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomGraphPass, CustomPartitionerFn
 
-from .keep_planned import BlockDecision
+from ..policies import BlockDecision
+from .partition import budget_partition
 from .sac import apply_sac_pass
 from .save_ops import op_name
 
@@ -51,12 +52,12 @@ class SACGraphPass(CustomGraphPass):
         retain: frozenset[object],
         blocks: frozenset[str] | None = None,
         outside_modules: frozenset[str] | None = None,
-        plan: Sequence[BlockDecision] | None = None,
+        decisions: Sequence[BlockDecision] | None = None,
     ) -> None:
         self.retain = retain
         self.blocks = blocks
         self.outside_modules = outside_modules
-        self.plan = plan
+        self.decisions = decisions
 
     def __call__(self, graph: fx.Graph) -> None:
         assert graph.owning_module is not None, "inductor passes the joint graph of a GraphModule"
@@ -65,7 +66,7 @@ class SACGraphPass(CustomGraphPass):
             self.retain,
             blocks=self.blocks,
             outside_modules=self.outside_modules,
-            plan=self.plan,
+            decisions=self.decisions,
             replay_rng=_replays_rng(graph),
         )
 
@@ -76,8 +77,12 @@ class SACGraphPass(CustomGraphPass):
         digest.update("\n".join(sorted(_describe(op) for op in self.retain)).encode())
         for names in (self.blocks, self.outside_modules):
             digest.update(repr(None if names is None else sorted(names)).encode())
-        plan = None if self.plan is None else [(d.path, d.mode, sorted(d.keep)) for d in self.plan]
-        digest.update(repr(plan).encode())
+        decisions = (
+            None
+            if self.decisions is None
+            else [(d.path, d.mode.value, d.keep, sorted(d.retain)) for d in self.decisions]
+        )
+        digest.update(repr(decisions).encode())
         return digest.hexdigest()
 
 
@@ -92,8 +97,6 @@ class BudgetPartitioner(CustomPartitionerFn):
         self.memory_budget = memory_budget
 
     def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any) -> tuple[Any, Any]:
-        from .torch_compile import budget_partition
-
         return budget_partition(gm, joint_inputs, memory_budget=self.memory_budget, **kwargs)
 
     def uuid(self) -> str:

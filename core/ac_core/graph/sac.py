@@ -9,8 +9,9 @@ from typing import Any
 from torch import fx
 
 from .._deprecated import UNSET, renamed
+from ..policies import BlockDecision
 from .alternate_matmuls import alternate_matmuls
-from .keep_planned import BlockDecision, keep_planned
+from .keep_planned import keep_planned
 from .save_block_outputs import save_block_outputs
 from .save_ops import DEFAULT_SAC_SAVE_OPS, OpSet
 from .save_outside_blocks import save_outside_blocks
@@ -26,9 +27,10 @@ def apply_sac_pass(
     *,
     blocks: Iterable[str] | None = None,
     outside_modules: Iterable[str] | None = None,
-    plan: Sequence[BlockDecision] | None = None,
+    decisions: Sequence[BlockDecision] | None = None,
     replay_rng: bool = True,
     op_list_to_save: Any = UNSET,
+    plan: Any = UNSET,
 ) -> fx.GraphModule:
     """Tag the joint graph ``gm`` for the min-cut partitioner and return it.
 
@@ -47,23 +49,26 @@ def apply_sac_pass(
     :func:`ac_core.compile` runs this pass inside ``torch.compile``. ``op_list_to_save=`` (torchtitan's
     name) is the old name of ``retain=``.
 
-    With ``plan`` (one :class:`BlockDecision` per block, from a checkpoint plan) the plan decides instead of
-    ``retain`` and the matmul alternation: each block's ops are all saved (``none``), all recomputed
-    (``full``) or recomputed but for the planned occurrences (``ops``); block outputs, the code outside the
-    blocks and random ops are saved as above. ``replay_rng=False`` (a backend that cannot replay a recomputed
-    op's RNG state: CPU inductor) saves every op tagged random, attention kernels without dropout included.
+    With ``decisions`` (one :class:`~ac_core.BlockDecision` per block: a checkpoint plan's, or a policy's
+    selections) they decide instead of ``retain`` and the matmul alternation: each block's ops are all saved
+    (``none``), all recomputed (``full``) or recomputed but for the kept ones (``ops``: its planned occurrences,
+    or every occurrence of its retained op names); block outputs, the code outside the blocks and random ops are
+    saved as above. ``replay_rng=False`` (a backend that cannot replay a recomputed op's RNG state: CPU inductor)
+    saves every op tagged random, attention kernels without dropout included. ``plan=`` is the old name of
+    ``decisions=``.
     """
     retain = renamed("apply_sac_pass", "op_list_to_save", "retain", op_list_to_save, retain, None)
+    decisions = renamed("apply_sac_pass", "plan", "decisions", plan, decisions, None)
     save = OpSet(DEFAULT_SAC_SAVE_OPS if retain is None else retain)
     if isinstance(blocks, str):
         raise TypeError(f"blocks takes a collection of block FQNs, e.g. [{blocks!r}]")
     named = None if blocks is None else frozenset(blocks)
-    if named is None and plan is not None:
-        named = frozenset(decision.path for decision in plan)
+    if named is None and decisions is not None:
+        named = frozenset(decision.path for decision in decisions)
     graph = gm.graph
-    if plan is not None:
+    if decisions is not None:
         tag_save_set(graph, OpSet(()))
-        kept, missing = keep_planned(graph, plan)
+        kept, missing = keep_planned(graph, decisions)
         if missing:
             logger.warning(
                 "ac-core: %d op occurrences the checkpoint plan keeps have no node in the compiled graph (an op "

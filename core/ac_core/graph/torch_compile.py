@@ -2,168 +2,36 @@
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from torch import fx, nn
+from torch import nn
 
 from .._conflicts import check_foreign_wrappers
 from .._deprecated import UNSET, renamed
+from ..blocks import resolve_blocks
 from ..checkpointing import apply_activation_checkpointing, checkpointed_blocks, remove_activation_checkpointing
-from ..library_checkpointing import disable_library_checkpointing
-from ..plan import resolve_blocks
-from ..policies import Ops, PolicyConfig, containers_for, policy_config
-from ..policy import CheckpointType
-from ..registry import get_adapter, registered_adapters, unwrap_model
+from ..libraries.checkpointing import disable_library_checkpointing
+from ..policies import (
+    CheckpointType,
+    GraphRequest,
+    PolicyConfig,
+    containers_for,
+    graph_decisions,
+    graph_route_refusal,
+    policy_config,
+    policy_traits,
+)
+from ..registry import get_adapter, registered_adapters
 from ..spec import AdapterSpec
-from .keep_planned import BlockDecision
-from .sac import apply_sac_pass
-from .save_ops import DEFAULT_SAC_SAVE_OPS, OpSet
+from ..unwrap import unwrap_model
+from .route import GraphRoute
+from .save_ops import DEFAULT_SAC_SAVE_OPS
 
 logger = logging.getLogger("ac_core")
 
 GRAPH_BACKENDS = ("inductor", "aot_eager")
-# Who turns a memory budget into save decisions on the compiled route: ac-core's plan (profiled per block,
-# solved across blocks) or torch's activation_memory_budget (a knapsack per compiled graph).
-SOLVERS = ("ac-core", "torch")
-
-PartitionFn = Callable[..., tuple[fx.GraphModule, fx.GraphModule]]
-
-
-def sac_partition(
-    gm: fx.GraphModule,
-    joint_inputs: Sequence[object],
-    *,
-    retain: frozenset[object] | None = None,
-    blocks: frozenset[str] | None = None,
-    outside_modules: frozenset[str] | None = None,
-    partition: PartitionFn | None = None,
-    save_ops: Any = UNSET,
-    plan: Sequence[BlockDecision] | None = None,
-    **kwargs: Any,
-) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """A ``partition_fn`` for ``aot_autograd``: :func:`apply_sac_pass`, then ``partition`` (min-cut by default)."""
-    retain = renamed("sac_partition", "save_ops", "retain", save_ops, retain, None)
-    if partition is None:
-        from torch._functorch.partitioners import min_cut_rematerialization_partition as partition
-    apply_sac_pass(gm, retain, blocks=blocks, outside_modules=outside_modules, plan=plan)
-    return partition(gm, joint_inputs, **kwargs)
-
-
-def budget_partition(
-    gm: fx.GraphModule, joint_inputs: Sequence[object], *, memory_budget: float, **kwargs: Any
-) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """torch's min-cut partitioner with ``torch._functorch.config.activation_memory_budget = memory_budget``.
-
-    torch reads the budget when it partitions, at the compiled model's first call, so it is set around the
-    partitioner rather than around ``torch.compile``.
-    """
-    from torch._functorch import config
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
-
-    with config.patch(activation_memory_budget=memory_budget):
-        return min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
-
-
-def aot_eager_backend(partition_fn: PartitionFn) -> Callable[..., Any]:
-    """The ``aot_eager`` backend (no code generation) partitioning each joint graph with ``partition_fn``."""
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._dynamo.backends.debugging import boxed_nop
-
-    return aot_autograd(
-        fw_compiler=boxed_nop, bw_compiler=boxed_nop, partition_fn=partition_fn, keep_inference_input_mutations=True
-    )
-
-
-@dataclass(frozen=True)
-class GraphRoute:
-    """What the graph pass needs for one model: the ops whose outputs it keeps, the blocks' FQNs, and the
-    modules outside them (None where the pass is to find blocks in the graph itself).
-
-    ``plan``: a checkpoint plan's per-block decisions, which the pass follows instead of ``retain``.
-    ``memory_budget``: no pass; torch's partitioner solves ``activation_memory_budget`` (a fraction) instead.
-    :func:`prepare_graph_route` makes one from a model; :func:`ac_core.compile` and the measurements
-    build their backends from it.
-    """
-
-    retain: frozenset[object] = DEFAULT_SAC_SAVE_OPS
-    blocks: frozenset[str] | None = None
-    outside_modules: frozenset[str] | None = None
-    plan: tuple[BlockDecision, ...] | None = None
-    memory_budget: float | None = None
-
-    def __post_init__(self) -> None:
-        OpSet(self.retain)  # reject a malformed op
-        if self.memory_budget is not None and not 0 <= self.memory_budget <= 1:
-            raise ValueError(f"torch's activation_memory_budget is a fraction in [0, 1], got {self.memory_budget!r}")
-        if self.memory_budget is not None and self.plan is not None:
-            raise ValueError("a graph route follows a checkpoint plan or torch's memory budget, not both")
-
-    def partition_fn(self) -> PartitionFn:
-        """:func:`sac_partition` bound to this route (or :func:`budget_partition` for torch's budget)."""
-        if self.memory_budget is not None:
-            return functools.partial(budget_partition, memory_budget=self.memory_budget)
-        return functools.partial(
-            sac_partition, retain=self.retain, blocks=self.blocks, outside_modules=self.outside_modules, plan=self.plan
-        )
-
-    def aot_eager(self) -> Callable[..., Any]:
-        """The ``aot_eager`` backend with the pass run on each joint graph before partitioning."""
-        return aot_eager_backend(self.partition_fn())
-
-    def inductor_options(self, options: dict[str, Any] | None = None) -> dict[str, Any]:
-        """``options`` for ``torch.compile(backend="inductor")`` that run the pass on each joint graph.
-
-        The pass is added to any ``joint_custom_post_pass`` already in ``options``. Being an option, it
-        applies to that compile only and is part of inductor's and AOTAutograd's cache keys.
-        """
-        from ._inductor import BudgetPartitioner, SACGraphPass
-
-        merged = dict(options or {})
-        if self.memory_budget is not None:
-            if merged.get("custom_partitioner_fn") is not None:
-                raise ValueError("options= has a custom_partitioner_fn; torch's memory budget needs its own")
-            merged["custom_partitioner_fn"] = BudgetPartitioner(self.memory_budget)
-            return merged
-        existing = merged.get("joint_custom_post_pass")
-        ours = SACGraphPass(self.retain, self.blocks, self.outside_modules, self.plan)
-        if existing is None:
-            merged["joint_custom_post_pass"] = ours
-        else:
-            earlier = list(existing) if isinstance(existing, (list, tuple)) else [existing]
-            merged["joint_custom_post_pass"] = [*earlier, ours]
-        return merged
-
-
-def sac_aot_eager(
-    retain: frozenset[object] | None = None,
-    blocks: frozenset[str] | None = None,
-    outside_modules: frozenset[str] | None = None,
-    *,
-    save_ops: Any = UNSET,
-) -> Callable[..., Any]:
-    """The ``aot_eager`` backend with :func:`apply_sac_pass` run on each joint graph before partitioning."""
-    retain = renamed("sac_aot_eager", "save_ops", "retain", save_ops, retain, None)
-    return GraphRoute(
-        DEFAULT_SAC_SAVE_OPS if retain is None else frozenset(retain), blocks, outside_modules
-    ).aot_eager()
-
-
-def sac_inductor_options(
-    retain: frozenset[object] | None = None,
-    options: dict | None = None,
-    blocks: frozenset[str] | None = None,
-    outside_modules: frozenset[str] | None = None,
-    *,
-    save_ops: Any = UNSET,
-) -> dict[str, Any]:
-    """``options`` for ``torch.compile(backend="inductor")`` that run :func:`apply_sac_pass` on each joint graph."""
-    retain = renamed("sac_inductor_options", "save_ops", "retain", save_ops, retain, None)
-    route = GraphRoute(DEFAULT_SAC_SAVE_OPS if retain is None else frozenset(retain), blocks, outside_modules)
-    return route.inductor_options(options)
 
 
 def _serving_adapter(model: nn.Module, adapter: AdapterSpec | str | None) -> AdapterSpec | None:
@@ -287,28 +155,29 @@ def compile(
 ) -> nn.Module:
     """``torch.compile(model)`` with activation checkpointing by policy; returns the compiled model.
 
-    ``ops`` / ``Ops()`` (the default) checkpoints selectively on the joint forward+backward graph:
-    :func:`apply_sac_pass` tags it, and the min-cut partitioner keeps the outputs of
-    :data:`DEFAULT_SAC_SAVE_OPS`, of the adapter's attention ops and of ``retain`` (op names or op
-    objects; ``Ops(retain=...)`` adds to them), every other matmul, each block's output and whatever
-    runs outside the blocks, and recomputes the rest of each block in backward. Blocks are those of
-    ``blocks=`` (container paths) or of the adapter (``adapter`` as in
-    :func:`apply_activation_checkpointing`, found from the model's class when None); a model no adapter
-    serves needs neither: the pass then finds its blocks in the graph (ModuleList or ModuleDict items). Eager
-    checkpointing already on the model (ac-core's, diffusers' or transformers' own) is removed first and
-    logged, so blocks are not checkpointed twice. ``backend`` is ``"inductor"`` or ``"aot_eager"``.
+    Every policy with graph-route decisions (see :func:`~ac_core.register_policy`) is checkpointed on the joint
+    forward+backward graph: :func:`apply_sac_pass` tags it and the min-cut partitioner saves and recomputes as
+    tagged. ``ops`` / ``Ops()`` (the default) keeps the outputs of :data:`DEFAULT_SAC_SAVE_OPS`, of the
+    adapter's attention ops and of ``retain`` (op names or op objects; ``Ops(retain=...)`` adds to them), every
+    other matmul, each block's output and whatever runs outside the blocks, and recomputes the rest of each
+    block in backward; a model no adapter serves needs neither ``adapter`` nor ``blocks=``: the pass then finds
+    its blocks in the graph (ModuleList or ModuleDict items). Any other policy's selections become per-block
+    decisions (``full`` and ``block_skip``: their blocks recomputed whole, the rest saved; a third party's
+    ``OPS`` blocks keep their retained ops), on the blocks of ``blocks=`` (container paths) or of the adapter
+    (``adapter`` as in :func:`apply_activation_checkpointing`, found from the model's class when None).
+    A :class:`~ac_core.CheckpointPlan` (from :func:`ac_core.plan_activation_checkpointing`) follows the plan:
+    per block, its ops all saved (``none``), all recomputed (``full``) or recomputed but for the planned
+    occurrences. ``ac_core.Budget(memory_budget, example_inputs=...)`` plans on the model first
+    (``solver="ac-core"``), or with ``solver="torch"`` leaves the choice to torch's partitioner, setting
+    ``torch._functorch.config.activation_memory_budget`` for this compile to the budget's fraction of what
+    ``none`` holds (torch reads it as a fraction of what its default partition saves above the graph's inputs:
+    the same number, another reference; ``ac-core compare --budget`` measures both). A policy registered with
+    no graph route (a reason instead) is applied eagerly (:func:`apply_activation_checkpointing`) and compiled.
 
-    ``full`` and ``block_skip`` (and any other policy) apply eager per-block checkpointing
-    (:func:`apply_activation_checkpointing` with ``n_layer``, ``adapter``, ``blocks``) and compile.
-    A :class:`~ac_core.budget.CheckpointPlan` (from :func:`ac_core.plan_activation_checkpointing`) takes the
-    graph route with the plan's decisions: per block, its ops all saved (``none``), all recomputed (``full``)
-    or recomputed but for the planned occurrences. ``ac_core.Budget(memory_budget, example_inputs=...)`` plans
-    on the model first (``solver="ac-core"``), or with ``solver="torch"`` leaves the choice to torch's
-    partitioner, setting ``torch._functorch.config.activation_memory_budget`` for this compile to the budget's
-    fraction of what ``none`` holds (torch reads it as a fraction of what its default partition saves above
-    the graph's inputs: the same number, another reference; ``ac-core compare --budget`` measures both).
-    Other keyword arguments (``dynamic``, ``fullgraph``, ``mode`` ...) go to ``torch.compile``.
-    ``save_ops=`` is the old name of ``retain=``.
+    Eager checkpointing already on the model (ac-core's, diffusers' or transformers' own) is removed first and
+    logged, so blocks are not checkpointed twice. ``backend`` is ``"inductor"`` or ``"aot_eager"``. Other
+    keyword arguments (``dynamic``, ``fullgraph``, ``mode`` ...) go to ``torch.compile``. ``save_ops=`` is the
+    old name of ``retain=``.
     """
     import torch
 
@@ -325,20 +194,21 @@ def compile(
         raise TypeError(f"retain takes a collection of ops, e.g. {{{retain!r}}}, not a single string")
     config = policy_config(checkpointing_type, n_layer)
     blocks = containers_for(config, adapter, blocks)  # a plan made with blocks= names its own
-    from .budget_route import budget_route, is_budget_config, refuse_other_inputs
-
-    budgeted = is_budget_config(config)
-    if solver != "ac-core" and not budgeted:
+    if solver != "ac-core" and not policy_traits(config).budgeted:
         raise ValueError(f"solver={solver!r} chooses who solves a memory budget; pass ac_core.Budget(...) with it")
-    if not isinstance(config, Ops) and not budgeted:
+    eager_reason = graph_route_refusal(config)
+    if eager_reason is not None:
+        logger.info("ac-core: %r is checkpointed eagerly inside the compiled model: %s", config.name, eager_reason)
         _check_dynamic_eager(config, torch_compile_kwargs.get("dynamic"))
         apply_activation_checkpointing(model, config, adapter=adapter, blocks=blocks)
         return _compiled(torch.compile(model, backend=backend, options=options, **torch_compile_kwargs))
 
-    route = prepare_graph_route(model, adapter, blocks, {*getattr(config, "retain", ()), *retain})
-    plan = None
-    if budgeted:
-        route, plan = budget_route(model, config, route, solver, adapter, blocks)
+    request = GraphRequest(model, adapter, blocks, solver)
+    if not policy_traits(config).finds_blocks:
+        request.blocks()  # a model no adapter serves, or a wrong blocks=, is refused before anything changes
+    route = prepare_graph_route(model, adapter, blocks, retain)
+    decisions = graph_decisions(config, request)
+    route = route.following(decisions)
     if backend == "aot_eager":
         compiled = _compiled(torch.compile(model, backend=route.aot_eager(), **torch_compile_kwargs))
     else:
@@ -349,6 +219,6 @@ def compile(
             options = {**list_mode_options(mode, torch_compile_kwargs.get("dynamic")), **(options or {})}
         inductor_options = route.inductor_options(options)
         compiled = _compiled(torch.compile(model, backend="inductor", options=inductor_options, **torch_compile_kwargs))
-    if plan is not None:
-        refuse_other_inputs(compiled, plan)
+    if decisions.on_compiled is not None:
+        decisions.on_compiled(compiled)
     return compiled

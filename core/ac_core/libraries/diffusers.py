@@ -171,3 +171,23 @@ def video_token_grid(seq: int, frame: tuple[int, int] = (30, 52)) -> tuple[int, 
     per_frame = seq / frames
     height = max(1, min(frame[0], round(math.sqrt(per_frame * frame[0] / frame[1]))))
     return frames, height, max(1, round(per_frame / height))
+
+
+_NO_OWN_CHECKPOINTING = "diffusers' own gradient checkpointing off (ac-core turns it off and says so)"
+
+
+def adapter_fields(*, attention_mask: bool = False) -> dict[str, Any]:
+    """What every diffusers transformer's adapter declares the same way, as ``AdapterSpec`` keyword arguments: the
+    dispatcher's trainable backends (with ``attention_mask=True`` those that take a mask), ``native`` by default,
+    how to switch them, and what training needs."""
+    attention = (
+        "an attention backend that accepts an attention mask and has a backward"
+        if attention_mask
+        else "an attention backend with a backward: diffusers' sage backends and _flash_3 cannot train"
+    )
+    return {
+        "backends": attention_backends(attention_mask=attention_mask),
+        "default_backend": "native",
+        "requirements": (attention, _NO_OWN_CHECKPOINTING),
+        "set_backend": set_attention_backend,
+    }

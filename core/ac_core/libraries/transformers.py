@@ -9,12 +9,12 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..checkpointing import is_activation_checkpointed
 from ..ops import DEFAULT_RETAINED_OPS
 from ..spec import AttentionBackend
 from ..warnings import warn_once
@@ -76,6 +76,20 @@ def set_attn_implementation(model: nn.Module, name: str) -> None:
     config._attn_implementation = name
 
 
+# Whether a module is or holds a checkpointed block: ac_core.checkpointing's is_activation_checkpointed, handed
+# over when that module is imported (it is above this one, which cannot import it).
+_checkpointed: Callable[[nn.Module], bool] | None = None
+
+
+def use_checkpointed_test(test: Callable[[nn.Module], bool]) -> None:
+    """Make the KV-cache guard of :func:`train_without_kv_cache` tell checkpointed models by ``test``.
+
+    ``ac_core.checkpointing`` calls it with :func:`ac_core.is_activation_checkpointed` when it is imported.
+    """
+    global _checkpointed
+    _checkpointed = test
+
+
 # Names a transformers forward gives the KV cache it reads and writes (``past_key_values`` before 5.x renamed it).
 _CACHE_ARGS = ("cache", "past_key_values")
 
@@ -99,7 +113,7 @@ def _drop_kv_cache(
     the forward runs with use_cache=False."""
     # Checkpointed blocks recompute whenever gradients are on, in eval mode too; without gradients they
     # run plain, so generation keeps its cache.
-    if not (torch.is_grad_enabled() and is_activation_checkpointed(module)):
+    if not (torch.is_grad_enabled() and _checkpointed is not None and _checkpointed(module)):
         return None
     for name in _CACHE_ARGS:
         if _argument(params, args, kwargs, name) is not None:

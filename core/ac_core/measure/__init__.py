@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..ops import op_matches
 from .attribution import attribute_ops
-from .compiled import CompiledActivations, compare_routes, compiled_activations, with_and_without_pass
+from .compiled import CompiledActivations, compiled_activations, with_and_without_pass
 from .flops import SDPA_FLOP_FORMULAS, GlobalFlopCounter, flops_of, op_packet_name, register_sdpa_flop_formulas
 from .memory import LivePeak, held_for_backward
 from .ops import CompiledOpCounter, OpCounter
@@ -25,7 +25,6 @@ __all__ = [
     "StepMeasurement",
     "attribute_ops",
     "compare_grads",
-    "compare_routes",
     "compiled_activations",
     "flops_of",
     "held_for_backward",

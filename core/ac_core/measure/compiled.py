@@ -1,6 +1,6 @@
 """What a compiled training step keeps for backward and recomputes there, read from its partitioned graphs.
 
-``ac-core compare`` prints :func:`compare_routes` for the toy stack, or for an adapter's tiny model(s).
+The experiments built on it (``ac-core compare``) are in :mod:`ac_core.experiments`.
 """
 
 from __future__ import annotations
@@ -19,15 +19,11 @@ from torch import fx, nn
 from torch.fx.node import map_arg
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..checkpointing import apply_activation_checkpointing
 from ..graph import GraphRoute, aot_eager_backend, prepare_graph_route
 from ..graph.save_ops import op_name
 from ..ops import op_matches
-from ..policies import Full, Ops, PolicyConfig
+from ..policies import GraphRequest, Ops, PolicyConfig, containers_for, graph_decisions
 from ..spec import ModelCase
-
-EAGER_POLICIES = (Full(), Ops())
-ROUTES = ("no pass", "graph pass", *(f"eager {policy.name}" for policy in EAGER_POLICIES))
 
 
 @dataclass(frozen=True)
@@ -221,6 +217,8 @@ def compiled_activations(
     case: ModelCase,
     *,
     sac: bool = False,
+    policy: PolicyConfig | None = None,
+    solver: str = "ac-core",
     adapter: Any = None,
     blocks: Sequence[str] | None = None,
     retain: Iterable[object] = (),
@@ -230,12 +228,18 @@ def compiled_activations(
     """Compile ``case.model``, run one training step (gradients land on ``case.model``), and measure it.
 
     ``sac=False`` compiles the model as it is, eager checkpointing included: apply that first to
-    measure it. ``sac=True`` takes the route of :func:`ac_core.compile` with ``adapter``, ``blocks``
-    and ``retain`` (eager checkpointing removed first).
+    measure it. ``sac=True`` takes the graph route of ``ac_core.compile(case.model, policy, solver=solver)``
+    (``policy`` default ``Ops()``: the pass's own save set) with ``adapter``, ``blocks`` and ``retain`` (eager
+    checkpointing removed first): a plan's decisions, a budget planned by ac-core or left to torch's
+    ``activation_memory_budget`` (``solver="torch"``), any policy's selections.
     ``backend`` is ``"aot_eager"`` (seconds) or ``"inductor"`` (inductor's joint-graph passes run
     before partitioning; slower to compile).
     """
-    route_of = functools.partial(_graph_route, adapter=adapter, blocks=blocks, retain=retain) if sac else None
+    route_of = None
+    if sac:
+        route_of = functools.partial(
+            _graph_route, adapter=adapter, blocks=blocks, retain=retain, policy=policy, solver=solver
+        )
     return _measure(case, route_of, backend, None, torch_compile_kwargs)
 
 
@@ -245,33 +249,14 @@ def _graph_route(
     adapter: Any,
     blocks: Sequence[str] | None,
     retain: Iterable[object] = (),
-    budget: PolicyConfig | None = None,
+    policy: PolicyConfig | None = None,
     solver: str = "ac-core",
 ) -> GraphRoute:
-    """The route :func:`ac_core.compile` takes for ``model``: the graph pass, or a budget's (see budget_route.py)."""
+    """The route :func:`ac_core.compile` takes for ``model`` under ``policy``, as the policy registry decides it."""
+    config = Ops() if policy is None else policy
+    blocks = containers_for(config, adapter, blocks)
     route = prepare_graph_route(model, adapter, blocks, retain)
-    if budget is None:
-        return route
-    from ..graph.budget_route import budget_route
-
-    return budget_route(model, budget, route, solver, adapter, blocks)[0]
-
-
-def budget_activations(
-    case: ModelCase,
-    budget: PolicyConfig,
-    *,
-    solver: str = "ac-core",
-    adapter: Any = None,
-    blocks: Sequence[str] | None = None,
-    backend: str = "aot_eager",
-    **torch_compile_kwargs: Any,
-) -> CompiledActivations:
-    """:func:`compiled_activations` on the route ``ac_core.compile(case.model, budget, solver=solver)`` takes:
-    a :class:`~ac_core.budget.CheckpointPlan`'s decisions or a :class:`~ac_core.budget.Budget` planned by
-    ac-core, or torch's ``activation_memory_budget`` at the same fraction of ``none`` (``solver="torch"``)."""
-    route_of = functools.partial(_graph_route, adapter=adapter, blocks=blocks, budget=budget, solver=solver)
-    return _measure(case, route_of, backend, None, torch_compile_kwargs)
+    return route.following(graph_decisions(config, GraphRequest(model, adapter, blocks, solver)))
 
 
 def with_and_without_pass(
@@ -292,77 +277,3 @@ def with_and_without_pass(
     route_of = functools.partial(_graph_route, adapter=adapter, blocks=blocks, retain=retain)
     ours = _measure(case, route_of, "aot_eager", baseline, torch_compile_kwargs)
     return baseline.result(None), ours
-
-
-def compare_routes(
-    make_case: Callable[[], ModelCase],
-    *,
-    adapter: Any = None,
-    blocks: Sequence[str] | None = None,
-    backend: str = "aot_eager",
-) -> dict[str, CompiledActivations]:
-    """A measurement for each of :data:`ROUTES`, each on a fresh case from ``make_case``.
-
-    ``"graph pass"`` is :func:`ac_core.compile`'s route, the eager routes apply
-    :func:`ac_core.apply_activation_checkpointing` (:data:`EAGER_POLICIES`), all with ``adapter`` or ``blocks``.
-    """
-    results: dict[str, CompiledActivations] = {}
-    if backend == "aot_eager":
-        results["no pass"], results["graph pass"] = with_and_without_pass(make_case(), adapter=adapter, blocks=blocks)
-    else:
-        results["no pass"] = compiled_activations(make_case(), backend=backend)
-        results["graph pass"] = compiled_activations(
-            make_case(), sac=True, adapter=adapter, blocks=blocks, backend=backend
-        )
-    for policy in EAGER_POLICIES:
-        case = make_case()
-        apply_activation_checkpointing(case.model, policy, adapter=adapter, blocks=blocks)
-        results[f"eager {policy.name}"] = compiled_activations(case, backend=backend)
-    return results
-
-
-@dataclass(frozen=True)
-class BudgetComparison:
-    """One memory budget on the compiled route, solved both ways on the same model and inputs: ``plan`` (ac-core's,
-    with its predicted held-for-backward and recompute), ``ours`` (the plan's decisions in the graph pass) and
-    ``torch`` (torch's ``activation_memory_budget`` at the same fraction of none), each measured."""
-
-    budget: float | int | str
-    plan: Any  # ac_core.budget.CheckpointPlan: not imported here, the planner is optional to this module
-    ours: CompiledActivations
-    torch: CompiledActivations
-
-    @property
-    def recompute_ratio(self) -> float | None:
-        """ac-core's recompute FLOPs over torch's (below 1: ac-core recomputes less); None where torch's are 0."""
-        return self.ours.recompute_flops / self.torch.recompute_flops if self.torch.recompute_flops else None
-
-
-def compare_budgets(
-    make_case: Callable[[], ModelCase],
-    budgets: Sequence[float | int | str],
-    *,
-    adapter: Any = None,
-    blocks: Sequence[str] | None = None,
-    backend: str = "aot_eager",
-) -> list[BudgetComparison]:
-    """For each budget, ac-core's plan and torch's ``activation_memory_budget`` compiled on fresh cases from
-    ``make_case`` (which must build the same model each time) and measured side by side."""
-    from ..budget import Budget, plan_activation_checkpointing
-
-    results = []
-    for budget in budgets:
-        case = make_case()
-        plan = plan_activation_checkpointing(case.model, dict(case.inputs), budget, adapter=adapter, blocks=blocks)
-        ours = budget_activations(case, plan, adapter=adapter, blocks=blocks, backend=backend)
-        other = make_case()
-        theirs = budget_activations(
-            other,
-            Budget(budget, example_inputs=dict(other.inputs)),
-            solver="torch",
-            adapter=adapter,
-            blocks=blocks,
-            backend=backend,
-        )
-        results.append(BudgetComparison(budget, plan, ours, theirs))
-    return results

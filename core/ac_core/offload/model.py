@@ -17,8 +17,8 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from .. import _chain
+from ..blocks import ModelBlocks, modules_at, resolve_blocks
 from ..errors import AdapterError
-from ..plan import BlockPlan, modules_at, resolve_blocks
 from ..spec import AdapterSpec
 from ._regions import no_offload
 from ._session import OffloadSession
@@ -143,13 +143,15 @@ class PreparedOffload:
         _chain.add(self.model, _ModelOffload(self.model, self.config, self.count, self.source))
 
 
-def prepare(plan: BlockPlan, config: OffloadConfig) -> PreparedOffload:
-    """Validate ``config`` for ``plan``'s model (the token count's source, kept paths); changes nothing."""
-    keep = tuple(_kept_modules(plan.model, config))
+def prepare(resolved: ModelBlocks, config: OffloadConfig) -> PreparedOffload:
+    """Validate ``config`` for ``resolved``'s model (the token count's source, kept paths); changes nothing."""
+    keep = tuple(_kept_modules(resolved.model, config))
     count, source = None, ""
     if config.enabled:
-        count, source = _token_counter(plan.model, config, plan.adapter, explicit_blocks=plan.adapter is None)
-    return PreparedOffload(plan.model, config, count, source, keep)
+        count, source = _token_counter(
+            resolved.model, config, resolved.adapter, explicit_blocks=resolved.adapter is None
+        )
+    return PreparedOffload(resolved.model, config, count, source, keep)
 
 
 def apply_activation_offload(

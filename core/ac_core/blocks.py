@@ -1,7 +1,7 @@
-"""A model's blocks, resolved once: ``resolve_blocks(model) -> BlockPlan``.
+"""A model's blocks, resolved once: ``resolve_blocks(model) -> ModelBlocks``.
 
 Every consumer (checkpointing policies, offload, the torch.compile route, the conformance suite,
-``ac-core inspect`` and ``bench``) reads blocks from a :class:`BlockPlan`, so the adapter lookup, the
+``ac-core inspect`` and ``bench``) reads blocks from a :class:`ModelBlocks`, so the adapter lookup, the
 "does not serve" check and the version check happen in one place.
 """
 
@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from torch import nn
 
 from .errors import AdapterError
-from .registry import get_adapter, unwrap_model
+from .registry import get_adapter
 from .spec import AdapterSpec, ModelSpec
+from .unwrap import unwrap_model
 from .versions import check_version
 
 _CONTAINER_TYPES = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
@@ -121,7 +122,7 @@ class ExcludedModules:
 
 
 @dataclass(frozen=True, eq=False)
-class BlockPlan:
+class ModelBlocks:
     """A model's blocks as its adapter (or ``blocks=``) declares them, resolved against the model itself.
 
     ``adapter`` and ``model_spec`` are None where ``blocks=`` named the containers; ``source`` says in
@@ -237,7 +238,7 @@ def resolve_blocks(
     blocks: Sequence[str] | None = None,
     *,
     check_versions: bool = True,
-) -> BlockPlan:
+) -> ModelBlocks:
     """Resolve ``model``'s blocks once: find the adapter, check it serves the model and the library version,
     and find every container and block; raises an error naming the fix before anything changes.
 
@@ -247,7 +248,7 @@ def resolve_blocks(
     ``check_versions=False`` skips the library-version check (``ac-core inspect`` reports it instead).
 
     A model inside a peft ``PeftModel``, torch.compile's ``OptimizedModule`` or DDP (as accelerate's
-    ``prepare`` gives it) is served by its own adapter, and every path in the plan is an FQN in the model as
+    ``prepare`` gives it) is served by its own adapter, and every path in the result is an FQN in the model as
     passed (``base_model.model.model.layers.0`` for a PeftModel of a LlamaForCausalLM). ``blocks=`` paths
     are FQNs in the model as passed, or else paths in the model it wraps (``blocks=["model.layers"]``).
     """
@@ -283,7 +284,7 @@ def resolve_blocks(
         )
         for e in excluded_specs
     )
-    return BlockPlan(model, spec, model_spec, tuple(containers), excluded, source, served_path)
+    return ModelBlocks(model, spec, model_spec, tuple(containers), excluded, source, served_path)
 
 
 def model_blocks(

@@ -3,7 +3,7 @@
 A plan that offloads keeps the whole model's saved tensors on the device (a ``no_offload`` region over its
 forward) and lifts that around the checkpoint calls of the blocks it chose: ac-core's offload session then moves
 those blocks' saved inputs (what torch's checkpoint keeps for the recompute) and nothing else. Which of them
-move is offload's own rule (:func:`ac_core.offload._session.kept_reason`: not parameters, buffers, the model's
+move is offload's own rule (:func:`ac_core.offload.seam.kept_reason`: not parameters, buffers, the model's
 inputs, expanded views, nor tensors under ``OffloadConfig.min_bytes``), and a tensor several blocks save (Wan's
 text states) moves once. Unchecked blocks, kept op outputs and everything outside the blocks stay.
 
@@ -28,11 +28,11 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ..blocks import ModelBlocks
 from ..measure.memory import live_nbytes, plain_tensors, storage_ref
-from ..offload import OffloadConfig, _regions
-from ..offload._session import kept_reason
+from ..offload import OffloadConfig
+from ..offload import seam as offload_seam
 from ..offload.stats import Kept
-from ..plan import BlockPlan
 
 
 @dataclass(frozen=True)
@@ -70,19 +70,19 @@ class InputRecorder:
     """Notes the inputs blocks' checkpoints save that offload could move, holding them aside (a context manager
     around a forward with every block checkpointed); :meth:`finish` lets them go and sees what that frees."""
 
-    def __init__(self, plan: BlockPlan, example_inputs: Any) -> None:
-        self.plan = plan
-        self.alive: dict[int, Kept] = {storage_ref(t).cdata: Kept.PARAMETER for t in plan.model.buffers()}
+    def __init__(self, resolved: ModelBlocks, example_inputs: Any) -> None:
+        self.resolved = resolved
+        self.alive: dict[int, Kept] = {storage_ref(t).cdata: Kept.PARAMETER for t in resolved.model.buffers()}
         self.alive |= {storage_ref(t).cdata: Kept.MODEL_INPUT for t in plain_tensors(example_inputs)}
         self.block = ""
         self.saved: list[tuple[str, tuple, StorageWeakRef, int]] = []
         self.parked: list[torch.Tensor] = []
         self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda packed: packed)
-        self.scope = _regions.session_scope()  # checkpoint calls then save their inputs through our hooks
+        self.scope = offload_seam.session_scope()  # checkpoint calls then save their inputs through our hooks
         self.handles: list[Any] = []
 
     def __enter__(self) -> InputRecorder:
-        for block in self.plan:
+        for block in self.resolved:
             self.handles.append(block.module.register_forward_pre_hook(self._entering(block.path)))
         self.scope.__enter__()
         self.hooks.__enter__()
@@ -103,10 +103,10 @@ class InputRecorder:
     def _movable(self, t: torch.Tensor) -> bool:
         # A fake tensor stands for the plain one a real run has.
         plain = type(t) in (torch.Tensor, nn.Parameter) or isinstance(t, FakeTensor)
-        return plain and kept_reason(t, 0, lambda t: self.alive.get(storage_ref(t).cdata)) is None
+        return plain and offload_seam.kept_reason(t, 0, lambda t: self.alive.get(storage_ref(t).cdata)) is None
 
     def _pack(self, t: torch.Tensor) -> Any:
-        if not _regions.in_checkpoint_inputs() or not self._movable(t):
+        if not offload_seam.in_checkpoint_inputs() or not self._movable(t):
             return t
         ref = storage_ref(t)
         view = (ref.cdata, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
@@ -176,7 +176,7 @@ class Moved:
         return self.freed - self.window
 
 
-class OffloadModel:
+class OffloadCost:
     """Offload's effect on the device, for any set of offloaded blocks, under ``config``."""
 
     def __init__(self, saved: SavedInputs, config: OffloadConfig) -> None:

@@ -1,0 +1,210 @@
+"""A checkpoint plan's data: per block, unchecked, checkpointed whole, or the op occurrences kept; and its JSON.
+
+Made by :func:`~ac_core.plan_activation_checkpointing` (see :mod:`.policy`), applied like any policy config;
+its table is :mod:`.plan_table`'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..blocks import ModelBlocks
+from ..offload import OffloadConfig
+from ..policies import BlockDecision, BlockMode, PolicyConfig
+from .plan_table import plan_table
+from .profile import Signature
+
+_FORMAT = 3  # 2: offload; 3: the containers of a plan made with blocks=; earlier files still load
+# What a plan records of its offload settings (OffloadConfig fields); the rest are fixed (see .offload_cost.recorded).
+_OFFLOAD_SETTINGS = ("min_bytes", "max_host_fraction", "max_inflight_bytes", "prefetch_bytes")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedBlock(BlockDecision):
+    """One block of a plan: its :class:`~ac_core.BlockDecision` (``mode`` and, for ``ops``, ``keep``: (op name,
+    occurrence) pairs), its class, the input signature it was planned at, and the predicted bytes it holds and
+    FLOPs it recomputes; ``offload``: whether the inputs its checkpoint saves go to the host, ``host_bytes`` of
+    them (a tensor several blocks save counted at the first)."""
+
+    class_name: str
+    inputs: Signature
+    held_bytes: int
+    recompute_flops: int
+    offload: bool = False
+    host_bytes: int = 0
+
+
+def _plain(value: Any) -> Any:
+    """JSON lists back into the tuples a plan holds."""
+    return tuple(_plain(v) for v in value) if isinstance(value, list) else value
+
+
+@dataclass(frozen=True)
+class CheckpointPlan(PolicyConfig):
+    """A per-block checkpointing plan, made by :func:`plan_activation_checkpointing` (or loaded with ``from_json``).
+
+    Applying it to a model of another class or block layout is refused, naming the difference; a checkpointed
+    block called with other input shapes than planned raises, naming the block and both shapes.
+
+    ``base_bytes``: what any plan that checkpoints a block holds besides its blocks' parts, before offload.
+    ``offload``: the settings offload was planned with (None: not allowed); then ``freed_bytes`` leave the
+    device and up to ``window_bytes`` of them are back on it at times (copies in flight, prefetched).
+    ``containers``: the block containers' FQNs where ``blocks=`` named them (None: the adapter's), so that
+    ``apply_activation_checkpointing(model, plan)`` and ``ac_core.compile(model, plan)`` need no ``blocks=``.
+    """
+
+    model_class: str = ""
+    blocks: tuple[PlannedBlock, ...] = ()
+    inputs: Signature = ()
+    budget_bytes: int = 0
+    none_bytes: int = 0
+    min_bytes: int = 0
+    base_bytes: int = 0
+    offload: OffloadConfig | None = None
+    freed_bytes: int = 0
+    window_bytes: int = 0
+    containers: tuple[str, ...] | None = None
+    name: ClassVar[str] = "plan"
+
+    def __post_init__(self) -> None:
+        if not self.blocks:
+            raise ValueError(
+                "a CheckpointPlan is made by ac_core.plan_activation_checkpointing(model, example_inputs, budget) "
+                "or loaded with CheckpointPlan.from_json; to plan and apply at once use ac_core.Budget(...)"
+            )
+        for block in self.blocks:
+            if block.retain:
+                raise ValueError(f"block {block.path!r}: a plan keeps op occurrences (keep=), not op names (retain=)")
+            if block.offload and (block.mode == BlockMode.NONE or self.offload is None):
+                raise ValueError(f"block {block.path!r}: offload needs a checkpointed block and a plan's offload")
+
+    def check_fits(self, blocks: ModelBlocks) -> None:
+        """Refuse a model of another class or block layout than planned, naming the difference."""
+        served = blocks.served_model
+        here = f"{type(served).__module__}.{type(served).__qualname__}"
+        if here != self.model_class:
+            raise ValueError(f"this checkpoint plan is for {self.model_class}, not {here}; plan this model instead")
+        planned = [(b.path, b.class_name) for b in self.blocks]
+        found = [(b.path, b.class_name) for b in blocks]
+        if planned == found:
+            return
+        if len(planned) != len(found):
+            raise ValueError(
+                f"this checkpoint plan is for {len(planned)} blocks and the model has {len(found)} "
+                f"(missing here: {sorted(set(planned) - set(found))[:3]}, "
+                f"not planned: {sorted(set(found) - set(planned))[:3]})"
+            )
+        (want, got) = next((a, b) for a, b in zip(planned, found, strict=True) if a != b)
+        raise ValueError(
+            f"this checkpoint plan has block {want[0]!r} ({want[1]}) where the model has {got[0]!r} ({got[1]})"
+        )
+
+    def own_containers(self) -> tuple[str, ...] | None:
+        return self.containers
+
+    @property
+    def held_bytes(self) -> int:
+        """Predicted device bytes held for backward under the plan once offload's copies are done (outside the
+        blocks plus each block's part, less what offload moved)."""
+        if all(b.mode == BlockMode.NONE for b in self.blocks):
+            return self.none_bytes
+        return self.base_bytes - self.freed_bytes + sum(b.held_bytes for b in self.blocks)
+
+    @property
+    def device_bytes(self) -> int:
+        """The most the device holds for backward: ``held_bytes`` and offload's window; within the budget."""
+        return self.held_bytes + self.window_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes offload moves to host memory per forward."""
+        return sum(b.host_bytes for b in self.blocks)
+
+    @property
+    def recompute_flops(self) -> int:
+        return sum(b.recompute_flops for b in self.blocks)
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of the model class, block layout and input shapes the plan is for."""
+        key = json.dumps([self.model_class, [(b.path, b.class_name, b.inputs) for b in self.blocks], self.inputs])
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def to_json(self) -> str:
+        offload = self.offload
+        return json.dumps(
+            {
+                "format": _FORMAT,
+                "fingerprint": self.fingerprint,
+                "model_class": self.model_class,
+                "inputs": self.inputs,
+                "budget_bytes": self.budget_bytes,
+                "none_bytes": self.none_bytes,
+                "min_bytes": self.min_bytes,
+                "base_bytes": self.base_bytes,
+                "offload": None if offload is None else {name: getattr(offload, name) for name in _OFFLOAD_SETTINGS},
+                "freed_bytes": self.freed_bytes,
+                "window_bytes": self.window_bytes,
+                "containers": self.containers,
+                "blocks": [
+                    {
+                        "path": b.path,
+                        "class": b.class_name,
+                        "mode": b.mode.value,
+                        "keep": b.keep,
+                        "inputs": b.inputs,
+                        "held_bytes": b.held_bytes,
+                        "recompute_flops": b.recompute_flops,
+                        "offload": b.offload,
+                        "host_bytes": b.host_bytes,
+                    }
+                    for b in self.blocks
+                ],
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> CheckpointPlan:
+        """A plan written by :meth:`to_json`, of this format or an earlier one (1: before offload, 2: before
+        containers)."""
+        data = json.loads(text)
+        if data.get("format") not in range(1, _FORMAT + 1):
+            raise ValueError(f"not a checkpoint plan of format 1 to {_FORMAT}: format {data.get('format')!r}")
+        containers = data.get("containers")
+        offload = data.get("offload")
+        plan = cls(
+            model_class=data["model_class"],
+            blocks=tuple(
+                PlannedBlock(
+                    path=b["path"],
+                    mode=b["mode"],
+                    keep=_plain(b["keep"]),
+                    class_name=b["class"],
+                    inputs=_plain(b["inputs"]),
+                    held_bytes=b["held_bytes"],
+                    recompute_flops=b["recompute_flops"],
+                    offload=b.get("offload", False),
+                    host_bytes=b.get("host_bytes", 0),
+                )
+                for b in data["blocks"]
+            ),
+            inputs=_plain(data["inputs"]),
+            budget_bytes=data["budget_bytes"],
+            none_bytes=data["none_bytes"],
+            min_bytes=data["min_bytes"],
+            base_bytes=data.get("base_bytes", data["min_bytes"]),
+            offload=None if offload is None else OffloadConfig(min_tokens=1, **offload),
+            freed_bytes=data.get("freed_bytes", 0),
+            window_bytes=data.get("window_bytes", 0),
+            containers=None if containers is None else tuple(containers),
+        )
+        if data.get("fingerprint") not in (None, plan.fingerprint):
+            raise ValueError("checkpoint plan JSON was edited: its fingerprint does not match its contents")
+        return plan
+
+    def __str__(self) -> str:
+        return plan_table(self)

@@ -1,0 +1,44 @@
+"""A checkpoint plan as a table for people: per block its mode, kept ops, bytes held and recompute; the totals."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..policies import BlockMode
+from ..units import human_bytes
+from .profile import describe_signature
+
+if TYPE_CHECKING:
+    from .checkpoint_plan import CheckpointPlan
+
+
+def _size(nbytes: float) -> str:
+    return human_bytes(nbytes, digits=2)
+
+
+def plan_table(plan: CheckpointPlan) -> str:
+    """``str(plan)``: the plan's header lines and one row per block."""
+    offload = plan.offload is not None
+    rows = [("block", "class", "mode", "kept ops", "held", *(("inputs",) if offload else ()), "recompute FLOPs")]
+    for b in plan.blocks:
+        kept = ", ".join(f"{op.removeprefix('aten::')}#{i}" for op, i in b.keep) or "-"
+        inputs = f"host {_size(b.host_bytes)}" if b.offload else "-" if b.mode == BlockMode.NONE else "device"
+        cells = (b.path, b.class_name, b.mode.value, kept, _size(b.held_bytes), *((inputs,) if offload else ()))
+        rows.append((*cells, f"{b.recompute_flops:,}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [
+        f"CheckpointPlan {plan.fingerprint} for {plan.model_class} at ({describe_signature(plan.inputs)})",
+        f"budget {_size(plan.budget_bytes)}; predicted held for backward {_size(plan.held_bytes)} "
+        f"(none {_size(plan.none_bytes)}, least possible {_size(plan.min_bytes)}); "
+        f"recompute {plan.recompute_flops:,} FLOPs",
+    ]
+    if any(b.offload for b in plan.blocks):
+        lines.append(
+            f"offload: {_size(plan.host_bytes)} of block inputs to host memory, {_size(plan.freed_bytes)} "
+            f"freed on the device; up to {_size(plan.window_bytes)} of them on the device at once (copies in "
+            f"flight, prefetched), counted in the budget: {_size(plan.device_bytes)} in all"
+        )
+    elif offload:
+        lines.append("offload: allowed, not needed at this budget")
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
