@@ -10,7 +10,7 @@ imports transformers until a factory is called.
 from __future__ import annotations
 
 from ac_core import AdapterSpec, ModelSpec
-from ac_core.libraries.transformers import BACKENDS, set_attn_implementation, train_without_kv_cache
+from ac_core.libraries.transformers import adapter_fields
 
 from .models.llama import token_count
 
@@ -39,18 +39,7 @@ SPEC = AdapterSpec(
             presets={"llama-3-8b": "ac_core_adapters.models.llama:preset_llama3_8b"},
         ),
     ),
-    backends=BACKENDS,
-    default_backend="sdpa",
-    requirements=(
-        "training forwards run without the KV cache: a recomputed decoder layer would append its keys and values "
-        "again. prepare() hooks the model so that such forwards get use_cache=False (also over an explicit "
-        "use_cache=True, with a warning) and rejects an explicit cache object; forwards without gradients keep it",
-        "transformers' own gradient checkpointing off (ac-core turns it off and says so, also where "
-        "gradient_checkpointing_enable() or the Trainer's gradient_checkpointing=True comes after ac-core: at the next "
-        "forward)",
-    ),
-    prepare=train_without_kv_cache,
-    set_backend=set_attn_implementation,
+    **adapter_fields(),
     token_count=token_count,
 )
 """The ``llama`` adapter, registered under the ``ac_core.adapters`` entry point ``llama``."""

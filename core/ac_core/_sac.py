@@ -7,6 +7,10 @@ again. torch's recompute matches every op to one the forward ran, so the second 
 trains exactly. The extra cast is run where it is proven harmless at that moment: autocast is on, the op is the
 cast, and no output of a cast was kept in that forward (so no kept output's index can shift); the cast's value
 is the cached one's, and a cast saves nothing for backward.
+
+The ops named in ``copied`` are kept as copies of their outputs: a block may change such an output in place after
+the op ran (transformers' MoE routers normalise the top-k weights with ``/=``), and torch's cache holds the
+output itself, so its recompute would refuse it as mutated; the copy keeps the values the op returned.
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import (
     _RECOMPUTE,
     _CachedTorchDispatchMode,
+    _CachingTorchDispatchMode,
     _sac_storage_key,
+    _VersionWrapper,
     create_selective_checkpoint_contexts,
 )
 
@@ -46,8 +53,30 @@ class _CastTolerantRecompute(_CachedTorchDispatchMode):
         return all(entry is _RECOMPUTE for entry in entries.values())
 
 
-def selective_contexts(policy_fn: Any) -> tuple[Any, Any]:
+def _own_copy(value: Any) -> Any:
+    return _VersionWrapper(value.detach().clone()) if isinstance(value, torch.Tensor) else _VersionWrapper(value)
+
+
+class _CopyingCache(_CachingTorchDispatchMode):
+    copied: frozenset[str] = frozenset()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        name = func.name()
+        if (name in self.copied or name.partition(".")[0] in self.copied) and not torch.compiler.is_compiling():
+            key = _sac_storage_key(func, args)
+            index = self.func_counter[key] - 1
+            if self.storage[key][index] is not _RECOMPUTE:
+                self.storage[key][index] = tree_map(_own_copy, out)
+        return out
+
+
+def selective_contexts(policy_fn: Any, copied: frozenset[str] = frozenset()) -> tuple[Any, Any]:
     """``(forward mode, recompute mode)`` for ``torch.utils.checkpoint``'s ``context_fn``, as
-    ``create_selective_checkpoint_contexts(policy_fn)`` makes them, with the cast-tolerant recompute."""
+    ``create_selective_checkpoint_contexts(policy_fn)`` makes them, with the cast-tolerant recompute; the kept
+    outputs of the ops in ``copied`` (op names, matched as ``ops.op_matches`` does) are kept as copies."""
     caching, cached = create_selective_checkpoint_contexts(policy_fn)
+    if copied:
+        caching = _CopyingCache(policy_fn, caching.storage)
+        caching.copied = copied
     return caching, _CastTolerantRecompute(None, cached.storage)

@@ -13,40 +13,13 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from .containers import CONTAINER_TYPES, inner_container, module_lists
 from .errors import AdapterError
+from .libraries.route import route_source
 from .registry import get_adapter
 from .spec import AdapterSpec, ModelSpec
 from .unwrap import unwrap_model
 from .versions import check_version
-
-_CONTAINER_TYPES = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
-# These have no forward of their own, so one holds blocks but never is one.
-_UNCALLABLE = (nn.ModuleList, nn.ModuleDict)
-
-
-def _inner_container(container: nn.Module) -> str | None:
-    """The name of the first child of ``container`` that is a ModuleList or ModuleDict, if any."""
-    return next((name for name, child in container.named_children() if isinstance(child, _UNCALLABLE)), None)
-
-
-def _block_like(container: nn.Module) -> bool:
-    # Repeated blocks: two or more children of one class, each a module with modules of its own.
-    children = list(container.children())
-    return len(children) >= 2 and len({type(c) for c in children}) == 1 and any(children[0].children())
-
-
-def module_lists(model: nn.Module) -> list[str]:
-    """FQNs of every ModuleList/ModuleDict/Sequential in ``model`` that holds no such container, the candidates
-    for ``blocks=``: containers of repeated blocks first, then the small inner ones (``attn.to_out``, ``ff.net``)
-    outside them."""
-    lists = [
-        (name, m)
-        for name, m in model.named_modules()
-        if name and isinstance(m, _CONTAINER_TYPES) and _inner_container(m) is None
-    ]
-    blocks = [name for name, m in lists if _block_like(m)]
-    inside = tuple(f"{name}." for name in blocks)
-    return blocks + [name for name, m in lists if name not in blocks and not name.startswith(inside)]
 
 
 def _containers_of(model: nn.Module) -> str:
@@ -126,7 +99,8 @@ class ModelBlocks:
     """A model's blocks as its adapter (or ``blocks=``) declares them, resolved against the model itself.
 
     ``adapter`` and ``model_spec`` are None where ``blocks=`` named the containers; ``source`` says in
-    words who named them (``"adapter 'wan'"`` or ``"blocks="``), for messages. Every path is an FQN in
+    words who named them (``"adapter 'wan'"``, ``"the diffusers library route"`` for a spec derived from what
+    the library declares, or ``"blocks="``), for messages. Every path is an FQN in
     ``model``, the model as passed: for a model inside a wrapper (a peft ``PeftModel``, torch.compile's
     ``OptimizedModule``, DDP) the adapter serves the model at ``served_path`` (``"base_model.model"`` in a
     PeftModel, ``"_orig_mod"``, ``"module"``; ``""``: the model itself), and block paths start with it.
@@ -210,14 +184,14 @@ def _containers(
                 f"{_containers_of(model)}.{_did_you_mean(path, model)}"
             )
         for fqn, container in resolved:
-            if not isinstance(container, _CONTAINER_TYPES):
+            if not isinstance(container, CONTAINER_TYPES):
                 # "layers.*" over a ModuleDict of blocks expands into the blocks themselves.
                 whole = f"; name {path[:-2]!r} for the blocks in it" if path.endswith(".*") else ""
                 raise AdapterError(
                     f"{source} names {fqn!r} as a block container, but it is a {type(container).__name__}, not a "
                     f"ModuleList, ModuleDict or Sequential{whole}; {_containers_of(model)}"
                 )
-            inner = _inner_container(container)
+            inner = inner_container(container)
             if inner is not None:
                 raise AdapterError(
                     f"{source} names {fqn!r} as a block container, but its item {inner!r} is a "
@@ -242,9 +216,11 @@ def resolve_blocks(
     """Resolve ``model``'s blocks once: find the adapter, check it serves the model and the library version,
     and find every container and block; raises an error naming the fix before anything changes.
 
-    The adapter is found from the model's class (``adapter=None``), named (a registered name or
-    ``"module:attr"``), or given as an :class:`AdapterSpec`. ``blocks=["layers"]`` names the containers
-    instead (no adapter needed; with ``adapter=`` too, the adapter still supplies its attention ops).
+    The adapter is found from the model's class (``adapter=None``; for a diffusers or transformers model no
+    registered adapter serves, the library route derives one from what the class declares), named (a
+    registered name or ``"module:attr"``), or given as an :class:`AdapterSpec`. ``blocks=["layers"]`` names
+    the containers instead (no adapter needed; with ``adapter=`` too, the adapter still supplies its attention
+    ops).
     ``check_versions=False`` skips the library-version check (``ac-core inspect`` reports it instead).
 
     A model inside a peft ``PeftModel``, torch.compile's ``OptimizedModule`` or DDP (as accelerate's
@@ -266,7 +242,8 @@ def resolve_blocks(
         served_path, _, model_spec = _served(spec, model)
         if check_versions:
             check_version(spec, model_spec)
-        paths, source, excluded_specs = model_spec.containers, f"adapter {spec.name!r}", model_spec.excluded
+        source = route_source(spec) or f"adapter {spec.name!r}"
+        paths, excluded_specs = model_spec.containers, model_spec.excluded
     attention_free = (
         frozenset(name for name, calls in model_spec.attention_calls.items() if calls == 0)
         if model_spec is not None

@@ -8,14 +8,9 @@ Checkpointing warns at apply time and the conformance suite fails on what this f
 
 from __future__ import annotations
 
-from torch import nn
-
 from .blocks import ModelBlocks
-
-# Decoder layers of transformers 5 derive from this class; its name is enough, nothing is imported.
-_TRANSFORMERS_LAYER_BASE = "GradientCheckpointingLayer"
-
-_CONTAINER_TYPES = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+from .containers import CONTAINER_TYPES, inside
+from .libraries.declarations import LAYER_BASE, declared_block_classes
 
 
 def block_classes(resolved: ModelBlocks) -> frozenset[str]:
@@ -24,15 +19,9 @@ def block_classes(resolved: ModelBlocks) -> frozenset[str]:
     if resolved.model_spec is not None:
         names |= set(resolved.model_spec.attention_calls)
     for module in (resolved.model, resolved.served_model):
-        for attr in ("_no_split_modules", "_repeated_blocks"):
-            value = getattr(module, attr, None) or ()
-            names |= {value} if isinstance(value, str) else {str(v) for v in value}
-    names.add(_TRANSFORMERS_LAYER_BASE)
+        names |= declared_block_classes(module)
+    names.add(LAYER_BASE)
     return frozenset(names)
-
-
-def _inside(fqn: str, prefixes: set[str]) -> bool:
-    return any(fqn == p or fqn.startswith(p + ".") for p in prefixes)
 
 
 def undeclared_containers(resolved: ModelBlocks) -> dict[str, str]:
@@ -42,7 +31,7 @@ def undeclared_containers(resolved: ModelBlocks) -> dict[str, str]:
     known = {c.path for c in resolved.containers} | {fqn for e in resolved.excluded for fqn, _ in e.modules}
     found: dict[str, str] = {}
     for fqn, module in resolved.model.named_modules():
-        if not fqn or not isinstance(module, _CONTAINER_TYPES) or _inside(fqn, known):
+        if not fqn or not isinstance(module, CONTAINER_TYPES) or inside(fqn, known):
             continue
         for name, child in module.named_children():
             cls = next((c.__name__ for c in type(child).__mro__ if c.__name__ in classes), None)

@@ -30,6 +30,15 @@ DEFAULT_RETAINED_OPS: frozenset[str] = frozenset(
     }
 )
 
+# A mixture-of-experts router's decision: which experts each token goes to (top-k indices) and with what weight
+# (top-k values). Kept under 'ops' and in every plan, whatever the budget: recomputed, a tie between scores may
+# break another way (CUDA's topk does not promise which tied index it returns), the recompute sends tokens to
+# other experts, and torch's checkpoint raises "Recomputed values for the following tensors have different
+# metadata than during the forward pass" (torchtitan#1117) or trains on gradients of other experts. Indices and
+# weights are tokens x k, small beside any activation. What follows the decision (sorting tokens by expert,
+# counting them) is integer work on the kept indices, which recomputes the same.
+ROUTING_OPS: frozenset[str] = frozenset({"aten::topk"})
+
 # No collective is ever retained. Under FSDP2 each block's parameters are all-gathered when the
 # block runs and resharded after; retaining the all-gather output would pin every checkpointed
 # block's full weights until backward, undoing the sharding. Its reduce-scatter runs after
@@ -154,7 +163,9 @@ def _notify(block: str, func: Any, ctx: Any) -> None:
 
 
 class BlockRetention:
-    """What one checkpointed call's forward retained, and the attention-like ops it saw but did not retain."""
+    """What one checkpointed call's forward retained, and the attention-like ops it saw but did not retain.
+
+    ``retained`` leaves out :data:`ROUTING_OPS`: kept in every MoE block, they say nothing of its attention."""
 
     __slots__ = ("retained", "seen_attention")
 
@@ -168,7 +179,7 @@ def _policy(
 ) -> CheckpointPolicy:
     name = func.name()  # "aten::mul.Tensor"; a default overload has no suffix
     if op_matches(name, retained):
-        if record is not None:
+        if record is not None and not op_matches(name, ROUTING_OPS):
             record.retained.add(name)
         if _observers:
             _notify(block, func, ctx)
@@ -184,7 +195,7 @@ def selective_context(retained: frozenset[str], block: str = "", record: BlockRe
     Bound with functools.partial (not a closure) because torch.compile accepts only a plain
     function or a partial of constants as ``context_fn``.
     """
-    return selective_contexts(functools.partial(_policy, retained, block, record))
+    return selective_contexts(functools.partial(_policy, retained, block, record), copied=ROUTING_OPS)
 
 
 def warn_nothing_retained(block: str, record: BlockRetention) -> None:

@@ -1,5 +1,7 @@
-"""Adapter discovery: the ``ac_core.adapters`` entry-point group plus adapters registered in code. A model in a
-wrapper (peft, torch.compile, DDP, accelerate) is served by the adapter of the model inside (:mod:`ac_core.unwrap`)."""
+"""Adapter discovery: the ``ac_core.adapters`` entry-point group plus adapters registered in code, then, for a
+diffusers or transformers model none of them serves, the library route (:mod:`ac_core.libraries.route`). A model
+in a wrapper (peft, torch.compile, DDP, accelerate) is served by the adapter of the model inside
+(:mod:`ac_core.unwrap`)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ from importlib.metadata import entry_points
 
 from torch import nn
 
+from .containers import blocks_hint
 from .errors import AdapterError
+from .libraries.route import Refusal, cached_adapter, derive_adapter, model_library
 from .refs import is_ref, load_ref
 from .spec import AdapterSpec
 from .unwrap import unwrap_model
@@ -99,7 +103,12 @@ def _wrapping(model: nn.Module) -> str:
 
 
 def get_adapter(model_or_name: nn.Module | type | str | AdapterSpec) -> AdapterSpec:
-    """The adapter for a model (instance or class), a registered name, ``"module:attr"``, or a spec (as is)."""
+    """The adapter for a model (instance or class), a registered name, ``"module:attr"``, or a spec (as is).
+
+    A model no registered adapter serves, if it is a diffusers or transformers model, gets the library route's
+    adapter, derived from what its class declares; where that does not name its blocks either, the error lists
+    the model's containers of repeated blocks as a ready ``blocks=[...]``.
+    """
     if isinstance(model_or_name, AdapterSpec):
         return model_or_name
     if isinstance(model_or_name, str):
@@ -120,25 +129,70 @@ def get_adapter(model_or_name: nn.Module | type | str | AdapterSpec) -> AdapterS
             f"adapter takes a registered adapter name (e.g. 'flux'), 'module:attr' of an AdapterSpec, or an "
             f"AdapterSpec; got {model_or_name!r} of type {type(model_or_name).__name__}"
         )
-    adapters = registered_adapters()
-    cls = model_or_name if isinstance(model_or_name, type) else type(model_or_name)
-    matches = [spec for spec in adapters.values() if spec.serves(cls)]
-    if not matches and isinstance(model_or_name, nn.Module):
-        # A wrapped model: the adapter of the first model inside that one serves.
-        for _, inner in unwrap_model(model_or_name)[1:]:
-            matches = [spec for spec in adapters.values() if spec.serves(inner)]
-            if matches:
-                cls = type(inner)
-                break
+    cls, matches = _curated(model_or_name)
     if len(matches) > 1:
         raise AdapterError(
             f"{cls.__name__} is served by several adapters {[s.name for s in matches]}; name one with adapter=..."
         )
-    if not matches:
-        raise AdapterError(
-            f"no registered adapter serves {cls.__module__}.{cls.__qualname__}"
-            f"{_wrapping(model_or_name) if isinstance(model_or_name, nn.Module) else ''}; registered adapters: "
-            f"{sorted(adapters) or 'none'}. Name its block containers instead, e.g. "
-            "apply_activation_checkpointing(model, 'full', blocks=['layers'])."
+    if matches:
+        return matches[0]
+    routed = _library_route(model_or_name)
+    if isinstance(routed, AdapterSpec):
+        return routed
+    raise _none_serves(model_or_name, routed)
+
+
+def _curated(model: nn.Module | type) -> tuple[type, list[AdapterSpec]]:
+    """The class served and the registered adapters serving it: of ``model``, else of the first model it wraps
+    that one serves."""
+    adapters = registered_adapters().values()
+    cls = model if isinstance(model, type) else type(model)
+    matches = [spec for spec in adapters if spec.serves(cls)]
+    if not matches and isinstance(model, nn.Module):
+        for _, inner in unwrap_model(model)[1:]:
+            matches = [spec for spec in adapters if spec.serves(inner)]
+            if matches:
+                return type(inner), matches
+    return cls, matches
+
+
+def _library_route(model: nn.Module | type) -> AdapterSpec | Refusal | None:
+    """The library route's adapter (or refusal) for the first of ``model`` and the models it wraps that is a
+    diffusers or transformers model; a class gets the spec derived for one of its models earlier, if any."""
+    if isinstance(model, type):
+        return cached_adapter(model)
+    for _, inner in unwrap_model(model):
+        routed = derive_adapter(inner)
+        if routed is not None:
+            return routed
+    return None
+
+
+def _none_serves(model: nn.Module | type, refusal: Refusal | None) -> AdapterError:
+    cls = model if isinstance(model, type) else type(model)
+    if isinstance(model, type):
+        library = model_library(model)
+        why = (
+            f"; the {library} library route derives a model's blocks from the model itself: pass the model"
+            if library
+            else ""
         )
-    return matches[0]
+        hint = "pass blocks=[...] with the FQN of each container holding its blocks"
+    else:
+        why = f"; the {refusal.library} library route does not guess its blocks: {refusal.reason}" if refusal else ""
+        hint = blocks_hint(model)
+    return AdapterError(
+        f"no registered adapter serves {cls.__module__}.{cls.__qualname__}"
+        f"{_wrapping(model) if isinstance(model, nn.Module) else ''}{why}; registered adapters: "
+        f"{sorted(registered_adapters()) or 'none'}. Name its block containers instead: {hint}."
+    )
+
+
+def find_adapter(model: nn.Module) -> AdapterSpec | None:
+    """The adapter serving ``model`` (a registered one, else the library route's), or None where none does: the
+    graph route, which finds blocks itself, asks this."""
+    _, matches = _curated(model)
+    if matches:
+        return get_adapter(model)
+    routed = _library_route(model)
+    return routed if isinstance(routed, AdapterSpec) else None

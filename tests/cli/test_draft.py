@@ -76,7 +76,7 @@ def test_sd3_draft_declares_the_sdpa_kernels_and_chroma_the_dispatcher(capsys):
 def test_report_shows_per_index_calls_and_backend_reach(capsys):
     assert main(["inspect", "diffusers:SD3Transformer2DModel", "--config", SD35]) == 0
     out = capsys.readouterr().out
-    assert "no adapter serves it" in out
+    assert "served by the diffusers library route: derived from what the class declares" in out
     assert "transformer_blocks: 2 x JointTransformerBlock" in out
     assert "JointTransformerBlock: differs by block, index -> calls 0: 2, 1: 1" in out
     assert "its processors call SDPA themselves" in out

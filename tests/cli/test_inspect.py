@@ -110,3 +110,17 @@ def test_module_class_of_a_served_class_names_its_adapter(capsys):
     assert "layers: 4 x ToyBlock" in out
     assert "ToyBlock: 1 call(s); ran aten::_scaled_dot_product_flash_attention_for_cpu x1 per block" in out
     assert "no backend switch found" in out
+
+
+def test_module_class_served_by_the_library_route_or_refused_by_it(capsys):
+    pytest.importorskip("transformers")
+    out = _inspect(capsys, "transformers:Qwen3ForCausalLM")
+    assert "served by the transformers library route: derived from what the class declares" in out
+    assert (
+        "block containers (tiny config):\n  model.layers: 2 x Qwen3DecoderLayer\n  excluded containers:\n    none"
+        in out
+    )
+    assert "no adapter serves it" not in out
+    out = _inspect(capsys, "transformers:OpenAIGPTLMHeadModel")
+    assert "the transformers library route does not serve it: it declares no block class" in out
+    assert "no adapter serves it: this is what one must declare" in out

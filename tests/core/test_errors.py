@@ -18,7 +18,7 @@ from ac_core import (
     apply_activation_checkpointing,
     checkpointed_blocks,
 )
-from ac_core.testing import TOY_ADAPTER, ToyTransformer, toy_case
+from ac_core.testing import TOY_ADAPTER, ToyBlock, ToyTransformer, toy_case
 
 from .helpers import structure
 
@@ -84,10 +84,23 @@ def test_container_that_is_not_a_module_list():
     _raises_and_unchanged(toy_case().model, AdapterError, "'embed' .* is a Linear, not a ModuleList", blocks=["embed"])
 
 
-def test_model_no_adapter_serves_lists_adapters_and_shows_blocks():
+class _BlocksModel(nn.Module):
+    """Its one list of repeated blocks is ``blocks``; ``head`` is a small Sequential, not one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(ToyBlock(8, 2) for _ in range(2))
+        self.head = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+
+
+def test_model_no_adapter_serves_lists_adapters_and_its_lists_of_repeated_blocks():
+    info = _raises_and_unchanged(_BlocksModel(), AdapterError, "no registered adapter serves")
+    message = str(info.value)
+    assert "its ModuleLists of repeated blocks are ['blocks']" in message
+    assert "apply_activation_checkpointing(model, 'full', blocks=['blocks'])" in message
+    assert "registered adapters" in message and "'layers'" not in message
     info = _raises_and_unchanged(nn.Sequential(nn.Linear(2, 2)), AdapterError, "no registered adapter serves")
-    assert "blocks=['layers']" in str(info.value)
-    assert "registered adapters" in str(info.value)
+    assert "Sequential has no ModuleList, ModuleDict or Sequential of repeated blocks" in str(info.value)
 
 
 def test_unknown_adapter_name():

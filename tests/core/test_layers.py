@@ -16,13 +16,15 @@ ROOT = Path(ac_core.__file__).parent
 
 # Lowest first. A module is in the layer of the longest prefix listed for it; it may import its own layer and
 # those below. What each layer is for, in order: plain values and messages; the model and op descriptions the rest
-# read (blocks, adapters, op rules); what the model libraries declare and do; the machinery that checkpoints and
-# offloads a forward; the policies and the verb; the torch.compile route; the instruments; the planner; what users
-# run (the command, experiments, test helpers) and the package's front.
+# read (the adapter contract, container shapes, op rules); what the model libraries declare and do (with the
+# adapters derived from their declarations); finding a model's adapter and resolving its blocks; the machinery
+# that checkpoints and offloads a forward; the policies and the verb; the torch.compile route; the instruments;
+# the planner; what users run (the command, experiments, test helpers) and the package's front.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "warnings", "refs", "units", "collectives", "unwrap", "_deprecated", "_module_ref"),
-    ("versions", "spec", "registry", "blocks", "coverage", "ops", "_sac", "_recompute", "_conflicts", "policies.modes"),
+    ("versions", "spec", "containers", "ops", "_sac", "_recompute", "_conflicts", "policies.modes"),
     ("libraries",),
+    ("registry", "blocks", "coverage"),
     ("_chain", "_checkpoint", "offload"),
     ("policies", "checkpointing"),
     ("graph",),

@@ -25,6 +25,7 @@ from .._sac import selective_contexts
 from ..measure.memory import plain_tensors
 from ..offload import OffloadConfig
 from ..offload import seam as offload_seam
+from ..ops import ROUTING_OPS
 from ..policies.modes import BlockMode
 from .profile import Signature, describe_signature, signature
 
@@ -49,7 +50,7 @@ class _OccurrencePolicy:
 
 def occurrence_context(keep: frozenset[tuple[str, int]]) -> Any:
     """``context_fn`` for torch.utils.checkpoint keeping the listed (op name, occurrence) outputs."""
-    return selective_contexts(_OccurrencePolicy(keep))
+    return selective_contexts(_OccurrencePolicy(keep), copied=ROUTING_OPS)
 
 
 class PlannedLayer(CheckpointLayer):

@@ -37,10 +37,12 @@ def named_containers(blocks: ModelBlocks) -> tuple[str, ...] | None:
 
 
 def _least(profile: ModelProfile, offload: OffloadCost | None) -> int:
-    """What the plan holding least holds: every block checkpointed whole, each offloading where that saves bytes."""
+    """What the plan holding least holds: every block checkpointed keeping only its routing decision, each
+    offloading where that saves bytes."""
+    least = profile.min_bytes + profile.routing_bytes
     if offload is None:
-        return profile.min_bytes
-    return profile.min_bytes - max(0, offload.moved(offload.blocks).gain)
+        return least
+    return least - max(0, offload.moved(offload.blocks).gain)
 
 
 def plan_from_profile(
@@ -59,11 +61,12 @@ def plan_from_profile(
     budget = memory_budget.bytes_of(profile.none_bytes)
     minimum = _least(profile, model)
     if budget < minimum:
-        moved = ", those offload moves on the host" if minimum < profile.min_bytes else ""
+        routing = " and MoE routing decisions" if profile.routing_bytes else ""
+        moved = ", those offload moves on the host" if minimum < profile.min_bytes + profile.routing_bytes else ""
         raise ValueError(
             f"memory_budget={memory_budget.given!r} ({budget} bytes) is below the least any plan holds for backward at "
             f"these inputs: {minimum} bytes ({human_bytes(minimum, digits=2)}), every block checkpointed and nothing "
-            f"kept but block inputs{moved} ('none' holds {profile.none_bytes} bytes)"
+            f"kept but block inputs{routing}{moved} ('none' holds {profile.none_bytes} bytes)"
         )
     if budget >= profile.none_bytes:
         logger.warning(

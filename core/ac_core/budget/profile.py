@@ -38,6 +38,7 @@ from .._recompute import named_tensors
 from ..blocks import Block, ModelBlocks
 from ..measure.flops import GlobalFlopCounter
 from ..measure.memory import held_for_backward, live_nbytes, new_storages, plain_tensors, storage_ref
+from ..ops import ROUTING_OPS, op_matches
 from ..policies.modes import BlockMode
 from ._isolation import CopyOnWrite, isolated, written
 from .offload_cost import InputRecorder, SavedInputs
@@ -87,7 +88,9 @@ class BlockProfile:
     op's inputs before running it, so the ops from the one saving last on are never recomputed (in the toy
     block, the MLP's second matmul). ``candidates`` are the op occurrences worth keeping: recomputed (before
     that point), with FLOPs to save and a new output storage to hold, which no later op of the block changes in
-    place (``h.mul_(s)`` after the matmul making ``h``: a kept output must stay the op's output).
+    place (``h.mul_(s)`` after the matmul making ``h``: a kept output must stay the op's output), and which run
+    before the block first lets tensor values decide its shapes or control flow (see :class:`_ValueReads`).
+    ``routing``: the recomputed occurrences of :data:`~ac_core.ops.ROUTING_OPS`, which every plan keeps.
     """
 
     class_name: str
@@ -97,10 +100,16 @@ class BlockProfile:
     recompute_flops: int
     candidates: tuple[OpOccurrence, ...]
     calls: int = 1  # per forward; the figures above are for all of them
+    routing: tuple[OpOccurrence, ...] = ()
+
+    @property
+    def routing_bytes(self) -> int:
+        """What keeping the routing decision holds: what the block holds checkpointed, keeping nothing else."""
+        return sum(op.nbytes for op in self.routing)
 
     @property
     def keep_all_bytes(self) -> int:
-        return sum(op.nbytes for op in self.candidates)
+        return sum(op.nbytes for op in self.candidates) + self.routing_bytes
 
 
 @dataclass(frozen=True)
@@ -137,14 +146,34 @@ class ModelProfile:
         return self.outside_bytes + self.checkpoint_input_bytes
 
     @property
+    def routing_bytes(self) -> int:
+        """What every block's routing decision holds: part of any plan that checkpoints all blocks."""
+        return sum(profile.routing_bytes for _, profile in self.blocks)
+
+    @property
     def outside_bytes(self) -> int:
         return max(0, self.none_bytes - sum(profile.none_bytes for _, profile in self.blocks))
+
+
+def _decides_shapes(func: Any, args: tuple) -> bool:
+    """Whether an op call reads tensor values (``.item()`` inside a kernel) or gives an output whose shape they
+    decide (``nonzero``, ``bincount``); indexing decides it only with a boolean mask."""
+    tags = getattr(func, "tags", ())
+    if torch.Tag.data_dependent_output in tags:
+        return True
+    if torch.Tag.dynamic_output_shape not in tags:
+        return False
+    if func is torch.ops.aten.index.Tensor:
+        indices = args[1] if len(args) > 1 else ()
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
+    return True
 
 
 class _OpRecorder(TorchDispatchMode):
     """Per op call: name, occurrence, FLOPs (read off the flop counter below it) and bytes of new storages; and
     which calls' outputs a later op changes in place (``mutated``, by position in ``ops``), which a selective
-    checkpoint cannot keep (the kept value would no longer be the op's output)."""
+    checkpoint cannot keep (the kept value would no longer be the op's output); and ``values_decide``: the
+    position of the first call after which tensor values, not shapes, may decide what the block runs."""
 
     def __init__(self, counter: GlobalFlopCounter) -> None:
         super().__init__()
@@ -153,9 +182,16 @@ class _OpRecorder(TorchDispatchMode):
         self.ops: list[OpOccurrence] = []
         self.made_by: dict[int, int] = {}  # storage -> position of the op call that made it
         self.mutated: set[int] = set()
+        self.values_decide: int | None = None
+
+    def values_read(self) -> None:
+        if self.values_decide is None:
+            self.values_decide = len(self.ops)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if _decides_shapes(func, args):
+            self.values_read()
         for tensor in written(func, args, kwargs):
             made_by = self.made_by.get(storage_ref(tensor).cdata)
             if made_by is not None:
@@ -170,6 +206,28 @@ class _OpRecorder(TorchDispatchMode):
         nbytes = sum(live_nbytes(ref) for ref in made.values())
         self.ops.append(OpOccurrence(name, index, nbytes, self.counter.get_total_flops() - before))
         return out
+
+
+# Tensor methods that hand a tensor's values to Python (``.tolist()`` reaches no dispatcher op).
+_PYTHON_READS = frozenset({"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "__complex__"})
+
+
+class _ValueReads(TorchFunctionMode):
+    """Tells ``recorder`` where the block first hands tensor values to Python. From there on the block may run
+    other ops, or as many at other shapes, for other values of the same shapes: an MoE block runs one matmul per
+    expert its tokens were routed to (transformers' eager experts), or splits tokens by ``counts.tolist()``
+    (DeepSeek-V3's reference code). A plan names an op call by its order among the block's calls of that op
+    (``mm#7``), which then names another expert's matmul, at another size, in the next batch: so no candidate
+    is taken from there on (measured: a Mixtral plan made at one batch held more than its budget at another)."""
+
+    def __init__(self, recorder: _OpRecorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if getattr(func, "__name__", None) in _PYTHON_READS:
+            self.recorder.values_read()
+        return func(*args, **(kwargs or {}))
 
 
 def _float_mask(mask: Any, dtype: torch.dtype) -> Any:
@@ -365,10 +423,13 @@ def _profile_block(run: Callable[[], Any], class_name: str, key: ProfileKey) -> 
         with _disable_current_modes():
             return tensor.detach()
 
-    with counter, recorder, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    reads = _ValueReads(recorder)
+    with counter, recorder, reads, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         _, block_bytes = held_for_backward(run)
     recomputed = recorder.ops[: packed_after[0]]
-    keepable = [op for i, op in enumerate(recomputed) if i not in recorder.mutated]
+    routing = [op for op in recomputed if op_matches(op.op, ROUTING_OPS)]
+    stable = recomputed[: recorder.values_decide]
+    keepable = [op for i, op in enumerate(stable) if i not in recorder.mutated and not op_matches(op.op, ROUTING_OPS)]
     return BlockProfile(
         class_name=class_name,
         signature=key.signature,
@@ -376,6 +437,7 @@ def _profile_block(run: Callable[[], Any], class_name: str, key: ProfileKey) -> 
         forward_flops=counter.get_total_flops(),
         recompute_flops=sum(op.flops for op in recomputed),
         candidates=tuple(op for op in keepable if op.flops > 0 and op.nbytes > 0),
+        routing=tuple(routing),
     )
 
 
@@ -465,11 +527,14 @@ def _per_forward(profile: BlockProfile, calls: int) -> BlockProfile:
         none_bytes=calls * profile.none_bytes,
         forward_flops=calls * profile.forward_flops,
         recompute_flops=calls * profile.recompute_flops,
-        candidates=tuple(
-            OpOccurrence(op.op, op.index, calls * op.nbytes, calls * op.flops) for op in profile.candidates
-        ),
+        candidates=_times(profile.candidates, calls),
         calls=calls,
+        routing=_times(profile.routing, calls),
     )
+
+
+def _times(ops: tuple[OpOccurrence, ...], calls: int) -> tuple[OpOccurrence, ...]:
+    return tuple(OpOccurrence(op.op, op.index, calls * op.nbytes, calls * op.flops) for op in ops)
 
 
 def _held_all_full(resolved: ModelBlocks, example_inputs: Any) -> tuple[int, SavedInputs]:

@@ -2,7 +2,9 @@
 
 Each block is either left unchecked (``none``: it holds what its profile says, recomputes nothing) or
 checkpointed, keeping some of its op occurrences: then it holds their output bytes and recomputes the FLOPs of
-the rest that torch recomputes (keeping nothing is ``full``; see ``BlockProfile.recompute_flops``). Every
+the rest that torch recomputes (keeping nothing is ``full``; see ``BlockProfile.recompute_flops``). A
+checkpointed MoE block always keeps its routing decision (``BlockProfile.routing``, see
+:data:`~ac_core.ops.ROUTING_OPS`): it is no knapsack item, its bytes are taken off the room first. Every
 block's inputs and everything outside the blocks are held under any plan (``ModelProfile.min_bytes``), less
 what offload moves.
 Within the checkpointed blocks this is a 0/1 knapsack over op occurrences (bytes
@@ -76,6 +78,7 @@ def _knapsack(items: list[OpOccurrence], capacity: int) -> list[int]:
 
 
 def _checkpointed(profile: BlockProfile, kept: list[OpOccurrence], offload: bool) -> Choice:
+    kept = [*kept, *profile.routing]
     keep = tuple(sorted((op.op, op.index) for op in kept))
     saved = sum(op.flops for op in kept)
     flops = max(0, profile.recompute_flops - saved)
@@ -115,7 +118,8 @@ class _Problem:
         """The least-recompute choices with ``unchecked`` blocks left as they are and ``offloaded`` blocks' inputs
         on the host; None where that cannot fit."""
         blocks = self.blocks
-        room = self.budget - self.profile.min_bytes - sum(blocks[i].none_bytes for i in unchecked)
+        room = self.budget - self.profile.min_bytes
+        room -= sum(p.none_bytes if i in unchecked else p.routing_bytes for i, p in enumerate(blocks))
         room += self.moved(offloaded).gain
         if room < 0:
             return None

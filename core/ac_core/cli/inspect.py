@@ -15,6 +15,7 @@ from torch import nn
 
 from ..blocks import ModelBlocks, resolve_blocks
 from ..errors import AdapterError
+from ..libraries.route import Refusal, derive_adapter
 from ..measure import op_matches
 from ..ops import DEFAULT_RETAINED_OPS
 from ..refs import load_ref
@@ -216,14 +217,41 @@ def _serving(cls: type) -> list[str]:
     return sorted(name for name, adapter in known_adapters().items() if adapter.serves(cls))
 
 
-def _print_findings(console: Console, findings: Findings, serving: list[str]) -> None:
+def _library_route(model: nn.Module) -> ModelBlocks | Refusal | None:
+    """The blocks the library route finds in ``model``, why it finds none, or None for a model of no such library."""
+    routed = derive_adapter(model)
+    return resolve_blocks(model, routed, check_versions=False) if isinstance(routed, AdapterSpec) else routed
+
+
+def _print_route(console: Console, route: ModelBlocks | Refusal | None) -> None:
+    if isinstance(route, ModelBlocks):
+        console.print(
+            escape(f"served by {route.source}: derived from what the class declares, no adapter needed; block ")
+            + "containers (tiny config):"
+        )
+        for line in _container_lines(route):
+            console.print(f"  {line}")
+        assert route.model_spec is not None
+        console.print("  excluded containers:")
+        for line in _excluded_lines(route, route.model_spec):
+            console.print(f"    {line}")
+        console.print("an adapter of its own would declare what follows ([bold]--draft[/] prints it as Python)")
+        return
+    if route is not None:
+        console.print(escape(f"the {route.library} library route does not serve it: {route.reason}"))
+    console.print("no adapter serves it: this is what one must declare ([bold]--draft[/] prints it as Python)")
+
+
+def _print_findings(
+    console: Console, findings: Findings, serving: list[str], route: ModelBlocks | Refusal | None
+) -> None:
     cls = findings.cls
     console.rule(f"[bold]{escape(cls.__name__)}[/]")
     console.print(escape(f"class: {class_path(cls)}"))
     if serving:
         console.print(escape(f"served by adapter(s) {', '.join(serving)}: ac-core inspect {serving[0]}"))
     else:
-        console.print("no adapter serves it: this is what one must declare ([bold]--draft[/] prints it as Python)")
+        _print_route(console, route)
     console.print(
         escape(f"tiny config: {findings.config}") + " (derived from the class's defaults; --config overrides)"
     )
@@ -291,13 +319,14 @@ def _print_findings(console: Console, findings: Findings, serving: list[str]) ->
 def _inspect_class(args: argparse.Namespace, cls: type) -> int:
     try:
         with library_notices_silenced(NOTICE_LIBRARIES):
-            findings, _ = inspect_class(args.target, config=load_config(args.config), inputs_ref=args.inputs)
+            findings, case = inspect_class(args.target, config=load_config(args.config), inputs_ref=args.inputs)
     except (DraftError, AdapterError) as exc:
         raise CLIError(str(exc)) from None
     if args.draft:
         sys.stdout.write(draft_source(findings))
-    else:
-        _print_findings(stdout(), findings, _serving(cls))
+        return 0
+    serving = _serving(cls)
+    _print_findings(stdout(), findings, serving, None if serving else _library_route(case.model))
     return 0
 
 
@@ -335,7 +364,8 @@ def add_parser(subparsers: Any) -> None:
             "or of a named preset built on the meta device), excluded containers and why, attention backends and "
             "whether 'ops' can retain them, the op names 'ops' keeps per block (measured on one forward of the "
             "tiny config), and whether the installed library version is supported. Given module:Class of a model "
-            "class no adapter serves, it builds the class tiny and prints what an adapter must declare: block "
+            "class no adapter serves, it builds the class tiny, says whether the diffusers or transformers library "
+            "route serves it (and its blocks) or why not, and prints what an adapter must declare: block "
             "containers, attention calls per block, the attention backends it can switch to; --draft prints the "
             "AdapterSpec to save and check with the conformance suite."
         ),

@@ -23,9 +23,8 @@ from ..policies import (
     policy_config,
     policy_traits,
 )
-from ..registry import get_adapter, registered_adapters
+from ..registry import find_adapter, get_adapter
 from ..spec import AdapterSpec
-from ..unwrap import unwrap_model
 from .route import GraphRoute
 from .save_ops import DEFAULT_SAC_SAVE_OPS
 
@@ -39,10 +38,7 @@ def _serving_adapter(model: nn.Module, adapter: AdapterSpec | str | None) -> Ada
         return get_adapter(adapter)
     # The graph route needs no block containers, so a model no adapter serves is fine here; a wrapped
     # model (peft, DDP) is served by its inner model's adapter.
-    adapters = registered_adapters().values()
-    if any(spec.serves(inner) for _, inner in unwrap_model(model) for spec in adapters):
-        return get_adapter(model)
-    return None
+    return find_adapter(model)
 
 
 def _remove_eager_checkpointing(model: nn.Module) -> list[str]:

@@ -170,3 +170,26 @@ def train_without_kv_cache(model: nn.Module) -> None:
             type(model).__name__,
             ", ".join(guarded),
         )
+
+
+_REQUIREMENTS = (
+    "training forwards run without the KV cache: a recomputed decoder layer would append its keys and values "
+    "again. prepare() hooks the model so that such forwards get use_cache=False (also over an explicit "
+    "use_cache=True, with a warning) and rejects an explicit cache object; forwards without gradients keep it",
+    "transformers' own gradient checkpointing off (ac-core turns it off and says so, also where "
+    "gradient_checkpointing_enable() or the Trainer's gradient_checkpointing=True comes after ac-core: at the next "
+    "forward)",
+)
+
+
+def adapter_fields(*, default_backend: str = "sdpa") -> dict[str, Any]:
+    """What every transformers model's adapter declares the same way, as ``AdapterSpec`` keyword arguments: the
+    ``attn_implementation`` values it can train with (``default_backend``, the one a model is built on: ``sdpa``
+    where the class supports it), how to switch them, and training without the KV cache."""
+    return {
+        "backends": BACKENDS,
+        "default_backend": default_backend,
+        "requirements": _REQUIREMENTS,
+        "prepare": train_without_kv_cache,
+        "set_backend": set_attn_implementation,
+    }

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..blocks import ModelBlocks
-from ..ops import DEFAULT_RETAINED_OPS, check_op_names
+from ..ops import DEFAULT_RETAINED_OPS, ROUTING_OPS, check_op_names
 from .modes import BlockMode
 from .registry import BlockSelection, GraphDecisions, GraphRequest, PolicyConfig, PolicyTraits, register_policy
 
@@ -37,8 +37,9 @@ class Full(PolicyConfig):
 class Ops(PolicyConfig):
     """Checkpoint every block selectively: keep the outputs of attention ops, recompute the rest of the block.
 
-    Kept: PyTorch's SDPA kernels (:data:`~ac_core.DEFAULT_RETAINED_OPS`), the adapter's attention ops, and
-    ``retain`` (more dispatcher op names, e.g. ``{"mylib::attn"}``). Never a collective.
+    Kept: PyTorch's SDPA kernels (:data:`~ac_core.DEFAULT_RETAINED_OPS`), the adapter's attention ops, a
+    mixture-of-experts router's decision (:data:`~ac_core.ops.ROUTING_OPS`, so that recompute sends each token
+    to the same experts), and ``retain`` (more dispatcher op names, e.g. ``{"mylib::attn"}``). Never a collective.
     """
 
     retain: frozenset[str] = frozenset()
@@ -67,9 +68,10 @@ class BlockSkip(PolicyConfig):
 
 
 def retained_ops(blocks: ModelBlocks, extra: Iterable[str] = ()) -> frozenset[str]:
-    """Op names ``ops`` keeps in ``blocks``: PyTorch's SDPA kernels, the adapter's attention ops, and ``extra``."""
+    """Op names ``ops`` keeps in ``blocks``: PyTorch's SDPA kernels, the adapter's attention ops, the MoE routing
+    ops, and ``extra``."""
     adapter_ops = blocks.adapter.retained_ops() if blocks.adapter is not None else frozenset()
-    return DEFAULT_RETAINED_OPS | adapter_ops | frozenset(extra)
+    return DEFAULT_RETAINED_OPS | ROUTING_OPS | adapter_ops | frozenset(extra)
 
 
 @register_policy(Full, traits=PolicyTraits(recomputes_all=True))
@@ -80,8 +82,8 @@ def _full(config: Full, blocks: ModelBlocks) -> list[BlockSelection]:
 
 def _ops_on_the_graph(config: Ops, request: GraphRequest) -> GraphDecisions:
     # The pass's own save set (SDPA kernels, the adapter's ops) and its matmul alternation, in every block it finds:
-    # blocks need not be named, the pass finds them in the graph.
-    return GraphDecisions(retain=config.retain)
+    # blocks need not be named, the pass finds them in the graph. The routing decision is kept there too.
+    return GraphDecisions(retain=config.retain | ROUTING_OPS)
 
 
 @register_policy(

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...blocks import module_lists, resolve_blocks
+from ...blocks import resolve_blocks
+from ...containers import module_lists
 from ...coverage import undeclared_containers
 from ...libraries.configs import build_model, derived_config, library_of
 from ...measure import OpCounter, op_matches
