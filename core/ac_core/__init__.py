@@ -30,7 +30,8 @@ from .offload import (
     remove_activation_offload,
     use_offload_transport,
 )
-from .ops import DEFAULT_RETAINED_OPS, RetainedOutput, RetentionLog, observe_retention, op_matches
+from .op_names import op_matches
+from .ops import DEFAULT_RETAINED_OPS, RetainedOutput, RetentionLog, observe_retention
 from .policies import (
     BlockDecision,
     BlockMode,

@@ -28,6 +28,8 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from .op_names import op_matches
+
 _CAST = torch.ops.aten._to_copy.default
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps")
 
@@ -62,8 +64,7 @@ class _CopyingCache(_CachingTorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = super().__torch_dispatch__(func, types, args, kwargs)
-        name = func.name()
-        if (name in self.copied or name.partition(".")[0] in self.copied) and not torch.compiler.is_compiling():
+        if op_matches(func.name(), self.copied) and not torch.compiler.is_compiling():
             key = _sac_storage_key(func, args)
             index = self.func_counter[key] - 1
             if self.storage[key][index] is not _RECOMPUTE:

@@ -15,6 +15,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from ._sac import selective_contexts
 from .collectives import is_collective
+from .op_names import op_matches
 from .warnings import warn_once
 
 # PyTorch's fused SDPA kernels. The CPU kernel is listed too: without it 'ops' recomputes
@@ -43,16 +44,6 @@ ROUTING_OPS: frozenset[str] = frozenset({"aten::topk"})
 # block runs and resharded after; retaining the all-gather output would pin every checkpointed
 # block's full weights until backward, undoing the sharding. Its reduce-scatter runs after
 # backward, outside any checkpointed region, so retaining it would buy nothing either.
-
-
-def op_matches(op_name: str, names: Iterable[str]) -> bool:
-    """Whether dispatcher op ``op_name`` (``"aten::mul.Tensor"``) is one of ``names``.
-
-    A name with an overload matches that overload; a name without one (``"aten::mm"``) matches every
-    overload. This is the one matching rule of ac-core, in eager policies, graph passes and measurements.
-    """
-    wanted = names if isinstance(names, (set, frozenset)) else set(names)
-    return op_name in wanted or op_name.partition(".")[0] in wanted
 
 
 def check_op_names(names: object, where: str) -> frozenset[str]:

@@ -21,7 +21,7 @@ ROOT = Path(ac_core.__file__).parent
 # that checkpoints and offloads a forward; the policies and the verb; the torch.compile route; the instruments;
 # the planner; what users run (the command, experiments, test helpers) and the package's front.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "warnings", "refs", "units", "collectives", "unwrap", "_deprecated", "_module_ref"),
+    ("errors", "warnings", "refs", "units", "collectives", "op_names", "unwrap", "_deprecated", "_module_ref"),
     ("versions", "spec", "containers", "ops", "_sac", "_recompute", "_conflicts", "policies.modes"),
     ("libraries",),
     ("registry", "blocks", "coverage"),

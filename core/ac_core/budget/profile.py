@@ -38,7 +38,8 @@ from .._recompute import named_tensors
 from ..blocks import Block, ModelBlocks
 from ..measure.flops import GlobalFlopCounter
 from ..measure.memory import held_for_backward, live_nbytes, new_storages, plain_tensors, storage_ref
-from ..ops import ROUTING_OPS, op_matches
+from ..op_names import op_matches
+from ..ops import ROUTING_OPS
 from ..policies.modes import BlockMode
 from ._isolation import CopyOnWrite, isolated, written
 from .offload_cost import InputRecorder, SavedInputs

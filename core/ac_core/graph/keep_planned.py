@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
-from ..ops import op_matches
+from ..op_names import op_matches
 from ..policies import BlockDecision, BlockMode
 from .blocks import block_regions, call_number
 from .forward_part import forward_ops

@@ -6,7 +6,8 @@ from collections.abc import Iterable
 
 import torch
 
-from ..ops import DEFAULT_RETAINED_OPS, op_matches
+from ..op_names import op_matches
+from ..ops import DEFAULT_RETAINED_OPS
 
 # Names, not op objects: an op a library registers late (varlen attention, a backend's custom
 # kernel) can be listed before it exists, and importing ac_core resolves nothing. A name without

@@ -3,7 +3,7 @@ what a compiled step saves and recomputes (``ac-core compare`` prints the compar
 
 from __future__ import annotations
 
-from ..ops import op_matches
+from ..op_names import op_matches
 from .attribution import attribute_ops
 from .compiled import CompiledActivations, compiled_activations, with_and_without_pass
 from .flops import SDPA_FLOP_FORMULAS, GlobalFlopCounter, flops_of, op_packet_name, register_sdpa_flop_formulas

@@ -21,7 +21,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..graph import GraphRoute, aot_eager_backend, prepare_graph_route
 from ..graph.save_ops import op_name
-from ..ops import op_matches
+from ..op_names import op_matches
 from ..policies import GraphRequest, Ops, PolicyConfig, containers_for, graph_decisions
 from ..spec import ModelCase
 

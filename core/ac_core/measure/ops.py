@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..ops import op_matches
+from ..op_names import op_matches
 
 
 class OpCounter(TorchDispatchMode):
