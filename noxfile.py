@@ -10,7 +10,15 @@ TORCH = "torch==2.13.0"
 # One conformance session per adapter we ship; each adapter is installed by the extra of the same name.
 FAMILIES = ("wan", "hunyuan", "flux", "llama")
 
-nox.options.sessions = ["lint", "tests", *(f"conformance-{family}" for family in FAMILIES)]
+# One sweep session per library: every class it declares, built tiny and proven (docs/coverage.md).
+SWEPT = ("diffusers", "transformers")
+
+nox.options.sessions = [
+    "lint",
+    "tests",
+    *(f"conformance-{family}" for family in FAMILIES),
+    *(f"sweep-{library}" for library in SWEPT),
+]
 nox.options.reuse_existing_virtualenvs = False
 
 
@@ -52,3 +60,29 @@ def _conformance(family: str) -> None:
 
 for _family in FAMILIES:
     _conformance(_family)
+
+
+def _sweep(library: str) -> None:
+    @nox.session(name=f"sweep-{library}")
+    def sweep(session: nox.Session) -> None:
+        # The committed record is the baseline: a class proven there and not now fails the session.
+        record = f"docs/coverage/{library}.json"
+        session.install(TORCH, "-e", ".[all,test]")
+        session.run(
+            "ac-core",
+            "sweep",
+            library,
+            "--json",
+            record,
+            "--table",
+            "docs/coverage.md",
+            "--baseline",
+            record,
+            *session.posargs,
+        )
+
+    sweep.__doc__ = f"Sweep every {library} model class: regenerate docs/coverage.md, fail on a regression."
+
+
+for _library in SWEPT:
+    _sweep(_library)

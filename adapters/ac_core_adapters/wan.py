@@ -1,8 +1,22 @@
-"""ac-core's adapter for the Wan video transformers of diffusers: T2V/I2V, VACE and Wan-Animate.
+"""ac-core's adapter for the Wan video transformers of diffusers: T2V/I2V, VACE, Wan-Animate and Wan-Animate-2.
 
 Layouts read from diffusers 0.42.1 and checked identical in 0.41.0 and 0.42.0 (the model files are
-byte-identical). ``WanAnimate2Transformer3DModel`` (new in 0.42) is not served: its blocks write a
-reference KV cache during forward and its self-attention runs only on the flex backend.
+byte-identical); ``WanAnimate2Transformer3DModel`` is new in 0.42, so its spec declares 0.42 alone.
+
+WanAnimate2 runs in two passes (read from ``transformer_wan_animate_2.py``). The reference pass
+(``kv_cache_mode="extract"``) attends on the model's backend and stores each block's keys and values in the cache
+it is given; the generation pass (``"cached"``) reads them, and its self-attention runs flex attention whatever
+the backend (its in-context mask is a flex ``BlockMask``), its cross-attention the backend.
+
+- The cache: a recompute would store its own keys and values over the forward's, equal values on tensors that keep
+  the recompute's activations alive until the next reference pass, so ``prepare`` drops a recompute's store
+  (:mod:`ac_core_adapters.models.wan_training`). It cannot be turned off for training: the generation pass needs it.
+- flex has no backward on CPU (torch raises), so the tiny model, and the suite on CPU, run the reference pass.
+  ``ops`` keeps the ``flex_attention`` higher-order op and does not rerun it (shown on CPU with inputs needing no
+  gradient); the generation pass itself trains only on CUDA, not run here.
+- diffusers' own gradient checkpointing raises TypeError on this model (it passes ``kv_cache=`` to a checkpoint
+  function taking positions only) before any block runs, so ``prepare`` also turns it off at the model's forward
+  where it is switched on after ac-core.
 
 The tiny models, presets and token count are in :mod:`ac_core_adapters.models.wan`; neither module
 imports diffusers until a factory is called.
@@ -14,9 +28,11 @@ from ac_core import AdapterSpec, ExcludedContainer, ModelSpec
 from ac_core.libraries.diffusers import adapter_fields
 
 from .models.wan import token_count
+from .models.wan_training import REQUIREMENTS, prepare
 
 VERSIONS = "diffusers>=0.41,<0.43"
 _BLOCK = "WanTransformerBlock"
+_DIFFUSERS = adapter_fields()
 
 SPEC = AdapterSpec(
     name="wan",
@@ -64,8 +80,20 @@ SPEC = AdapterSpec(
                 "with input tensor's size and stride', with or without checkpointing"
             ),
         ),
+        ModelSpec(
+            cls="diffusers.WanAnimate2Transformer3DModel",
+            containers=("blocks",),
+            # Self-, text and image cross-attention on the model's backend: the reference pass, as the tiny model
+            # runs. In the generation pass the self-attention runs flex whatever the backend: 2 calls and 1 flex.
+            attention_calls={"WanAnimate2TransformerBlock": 3},
+            versions="diffusers>=0.42,<0.43",  # the class is new in 0.42
+            tiny="ac_core_adapters.models.wan:tiny_animate_2",
+            meta_unsupported="diffusers 0.42's forward reads the patch grids' values (grid_sizes.tolist() for the "
+            "rotary embedding, offset_grid_sizes[0][axis].item() for a refer_offset of -1)",
+        ),
     ),
-    **adapter_fields(),
+    **{**_DIFFUSERS, "requirements": (*_DIFFUSERS["requirements"], *REQUIREMENTS)},
+    prepare=prepare,
     token_count=token_count,
 )
 """The ``wan`` adapter, registered under the ``ac_core.adapters`` entry point ``wan``."""

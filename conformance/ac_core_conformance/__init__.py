@@ -15,6 +15,9 @@ The checks run for every model class the adapter serves (built by its ``tiny`` f
 registered policy at its defaults (``Full()``, ``Ops()``, ``BlockSkip(every=2)``; a test class may set
 ``policies``), on CPU and, where present, CUDA.
 
+``ac_core_conformance.sweep`` runs a light subset of these checks on every model class diffusers and
+transformers declare, built tiny from its defaults (``ac-core sweep``).
+
 Skips come only from the adapter's declarations (no tiny factory, no such backend on this device,
 no ``set_backend``) and from the model's capabilities (no ``save_pretrained``), never from names.
 

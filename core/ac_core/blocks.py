@@ -16,8 +16,9 @@ from torch import nn
 from .containers import CONTAINER_TYPES, inner_container, module_lists
 from .errors import AdapterError
 from .libraries.route import route_source
+from .refs import load_ref
 from .registry import get_adapter
-from .spec import AdapterSpec, ModelSpec
+from .spec import AdapterSpec, ModelSpec, class_path
 from .unwrap import unwrap_model
 from .versions import check_version
 
@@ -136,12 +137,39 @@ class ModelBlocks:
         return sum(len(container.blocks) for container in self.containers)
 
 
+def _full_path(model_spec: ModelSpec) -> str:
+    """The served class's module path as defined (``diffusers.WanTransformer3DModel`` is defined deeper), or
+    ``cls`` as declared where it does not import."""
+    head, _, tail = model_spec.cls.rpartition(".")
+    try:
+        served = load_ref(f"{head}:{tail}", what="served class")
+    except Exception:  # not installed, or a lazy module that fails to resolve the name: keep the declared path
+        return model_spec.cls
+    return class_path(served) if isinstance(served, type) else model_spec.cls
+
+
+def _same_name(adapter: AdapterSpec, model: nn.Module) -> str | None:
+    """Both full paths, where a served class has the name of the model's class (or of a class it wraps)."""
+    for path, inner in unwrap_model(model):
+        cls = type(inner)
+        model_spec = next((m for m in adapter.models if m.class_name == cls.__name__), None)
+        if model_spec is not None:
+            which = f"the model it wraps at {path!r}" if path else "this model"
+            return (
+                f"{which} is {class_path(cls)}; adapter {adapter.name!r} serves {_full_path(model_spec)}, a "
+                "different class of the same name"
+            )
+    return None
+
+
 def _not_served(adapter: AdapterSpec, model: nn.Module) -> AdapterError:
     served = ", ".join(m.class_name for m in adapter.models)
     wrapped = "".join(f", wrapping {type(inner).__name__} at {path!r}" for path, inner in unwrap_model(model)[1:])
+    same = _same_name(adapter, model)
+    why = f": {same};" if same else f" (it serves {served});"
     return AdapterError(
-        f"adapter {adapter.name!r} does not serve {type(model).__name__}{wrapped} (it serves {served}); pass the "
-        f"right adapter, or name the containers with blocks=[...] (FQNs in the model you pass; {_containers_of(model)})"
+        f"adapter {adapter.name!r} does not serve {type(model).__name__}{wrapped}{why} pass the right adapter, or "
+        f"name the containers with blocks=[...] (FQNs in the model you pass; {_containers_of(model)})"
     )
 
 

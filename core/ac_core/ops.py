@@ -153,6 +153,17 @@ def _notify(block: str, func: Any, ctx: Any) -> None:
         log.outputs.extend(records)
 
 
+def _notify_copy(func: Any, copies: list[torch.Tensor]) -> None:
+    # A routing output is kept as a copy (routers normalise top-k weights in place): the copy is what is retained.
+    for log in _observers:
+        tail = log.outputs[-len(copies) :] if copies else []
+        if len(tail) == len(copies) and all(r.op == func.name() for r in tail):
+            log.outputs[-len(copies) :] = [
+                RetainedOutput(r.block, r.op, t.device, t.nbytes, StorageWeakRef(t.untyped_storage()))
+                for r, t in zip(tail, copies, strict=True)
+            ]
+
+
 class BlockRetention:
     """What one checkpointed call's forward retained, and the attention-like ops it saw but did not retain.
 
@@ -186,7 +197,9 @@ def selective_context(retained: frozenset[str], block: str = "", record: BlockRe
     Bound with functools.partial (not a closure) because torch.compile accepts only a plain
     function or a partial of constants as ``context_fn``.
     """
-    return selective_contexts(functools.partial(_policy, retained, block, record), copied=ROUTING_OPS)
+    return selective_contexts(
+        functools.partial(_policy, retained, block, record), copied=ROUTING_OPS, on_copy=_notify_copy
+    )
 
 
 def warn_nothing_retained(block: str, record: BlockRetention) -> None:

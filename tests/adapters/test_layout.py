@@ -15,6 +15,7 @@ EXPECTED_BLOCKS = {
     "wan-wan": {"blocks": 3},
     "wan-vace": {"blocks": 3, "vace_blocks": 3},
     "wan-animate": {"blocks": 3, "face_adapter": 3, "motion_encoder.res_blocks": 3},
+    "wan-animate_2": {"blocks": 2},
     "hunyuan-hunyuan_video": _HV,
     "hunyuan-hunyuan_video_token_replace": _HV,
     "hunyuan-hunyuan_video_15": {"transformer_blocks": 3},

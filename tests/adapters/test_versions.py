@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ac_core import UnsupportedVersionError, apply_activation_checkpointing, checkpointed_blocks
+from ac_core import UnsupportedVersionError, apply_activation_checkpointing, checkpointed_blocks, get_adapter
 from ac_core import versions as ac_versions
 
 from .cases import served
@@ -42,3 +42,14 @@ def test_versions_name_the_right_library():
     for param in served():
         spec, model_spec = param.values
         assert model_spec.versions.startswith(spec.library)
+
+
+def test_a_class_new_in_a_version_is_refused_below_it_and_only_it(monkeypatch):
+    monkeypatch.setattr(ac_versions, "version", _installed({"diffusers": "0.41.0"}))
+    supported = {m.class_name: ac_versions.version_supported(m.versions)[0] for m in get_adapter("wan").models}
+    assert supported == {
+        "WanTransformer3DModel": True,
+        "WanVACETransformer3DModel": True,
+        "WanAnimateTransformer3DModel": True,
+        "WanAnimate2Transformer3DModel": False,
+    }

@@ -1,15 +1,18 @@
 """Adapters for CLI tests: a toy with a library's own checkpointing switch, one whose library is missing, and one
-whose first forward is slow."""
+whose first forward is slow; and a model class whose constructor takes a config object, with factories for
+``ac-core inspect --factory``."""
 
 from __future__ import annotations
 
 import gc
 import time
+from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from ac_core import AdapterSpec, ModelCase, ModelSpec
-from ac_core.testing import LibraryCheckpointingToy, ToyTransformer
+from ac_core.testing import LibraryCheckpointingToy, ToyBlock, ToyTransformer
 
 
 class LibraryToy(LibraryCheckpointingToy):
@@ -74,3 +77,39 @@ COLD_TOY = AdapterSpec(
         ),
     ),
 )
+
+
+@dataclass(frozen=True)
+class PatchConfig:
+    in_channels: int = 4
+    width: int = 32
+    patch_size: int = 2
+    layers: int = 2
+
+
+class ConfiguredPatchModel(nn.Module):
+    """A model built from a config object, as other frameworks' models are (no derived keyword config builds it):
+    a Conv2d patch embedding, then ToyBlocks over the patches."""
+
+    def __init__(self, config: PatchConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.patch_embed = nn.Conv2d(config.in_channels, config.width, config.patch_size, stride=config.patch_size)
+        self.blocks = nn.ModuleList(ToyBlock(config.width, 2) for _ in range(config.layers))
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(hidden_states).flatten(2).transpose(1, 2)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def tiny_configured_patch_model() -> ConfiguredPatchModel:
+    return ConfiguredPatchModel(PatchConfig(layers=3))
+
+
+def not_the_class() -> nn.Module:
+    return nn.Linear(2, 2)
+
+
+NOT_A_FUNCTION = 3

@@ -112,6 +112,53 @@ def test_adapter_that_does_not_serve_the_model():
     _raises_and_unchanged(toy_case().model, AdapterError, "'other' does not serve ToyTransformer", adapter=other)
 
 
+class _OwnToy(nn.Module):
+    """Another framework's class named like a served one: same name as ac_core.testing.ToyTransformer, own module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(ToyBlock(8, 2) for _ in range(2))
+
+
+_OwnToy.__name__ = _OwnToy.__qualname__ = "ToyTransformer"
+
+
+def test_same_named_class_of_another_module_names_both_paths():
+    info = _raises_and_unchanged(_OwnToy(), AdapterError, "'toy' does not serve ToyTransformer: ", adapter=TOY_ADAPTER)
+    message = str(info.value)
+    assert (
+        f"this model is {__name__}.ToyTransformer; adapter 'toy' serves ac_core.testing.ToyTransformer, a " in message
+    )
+    assert "different class of the same name; pass the right adapter, or name the containers with blocks=[" in message
+    assert "block containers are ['blocks']" in message
+    assert "(it serves" not in message
+
+
+class WanTransformer3DModel(nn.Module):
+    """As FastVideo's own Wan class: the name of the class the wan adapter serves, in another module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(ToyBlock(8, 2) for _ in range(2))
+
+
+def test_same_named_wan_class_of_another_framework_names_both_paths():
+    pytest.importorskip("diffusers")
+    pytest.importorskip("ac_core_adapters")
+    theirs = f"{__name__}.WanTransformer3DModel"
+    ours = "diffusers.models.transformers.transformer_wan.WanTransformer3DModel"
+    for call in (ac_core.resolve_blocks, apply_activation_checkpointing):
+        with pytest.raises(AdapterError, match="'wan' does not serve WanTransformer3DModel: ") as info:
+            call(WanTransformer3DModel(), adapter="wan")
+        assert f"this model is {theirs}; adapter 'wan' serves {ours}, a different class of the same name" in str(
+            info.value
+        )
+    wrapped = nn.Module()
+    wrapped.module = WanTransformer3DModel()  # a wrapper whose one child is `module`, as DDP's
+    with pytest.raises(AdapterError, match=f"the model it wraps at 'module' is {theirs}; adapter 'wan' serves {ours}"):
+        ac_core.resolve_blocks(wrapped, adapter="wan")
+
+
 def test_nothing_matched():
     model = toy_case().model
     model.extra = nn.ModuleList()

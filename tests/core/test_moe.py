@@ -258,3 +258,17 @@ def test_a_plan_holds_as_planned_at_a_batch_routed_to_fewer_experts():
 def test_ops_keeps_routing_on_the_graph_route_too():
     request = ac_core.GraphRequest(ToyModel(), containers=["layers"])
     assert "aten::topk" in ac_core.graph_decisions(ac_core.Ops(), request).retain
+
+
+def test_retained_routing_is_the_kept_copy_alive_until_backward(subject):
+    # observe_retention reports what is kept for backward: for routing that is the copy, not the router's own
+    # output (transformers' routers normalise it in place, then drop it).
+    model = _apply(subject, "ops")
+    with ac_core.observe_retention() as retained:
+        loss = subject.loss(model, subject.inputs)
+        routing = [out for out in retained.outputs if out.op == TOPK[0]]
+        alive = [out.alive for out in routing]
+        loss.backward()
+    assert len(routing) == 2 * LAYERS  # values and indices per MoE block
+    assert alive == [True] * len(routing)
+    assert not any(out.alive for out in routing)  # freed once backward has used them

@@ -59,6 +59,12 @@ def _turn_on_library_checkpointing(model: torch.nn.Module) -> bool:
     return False
 
 
+# Eager 'ops' under torch.compile recomputes these models' blocks outside the compiled graphs, where
+# compiled_activations does not count it: WanAnimate2's prepare hands each checkpointed block a Python wrapper of
+# its reference cache (so a recompute does not store again), which breaks the graph inside the checkpoint.
+_EAGER_RECOMPUTE_UNCOUNTED = frozenset({"WanAnimate2Transformer3DModel"})
+
+
 @pytest.mark.parametrize(("spec", "model_spec"), _params())
 def test_graph_route_on_tiny_model(spec: AdapterSpec, model_spec: ModelSpec, caplog):
     expected = loss_and_grads(model_spec.build_tiny())
@@ -82,6 +88,8 @@ def test_graph_route_on_tiny_model(spec: AdapterSpec, model_spec: ModelSpec, cap
 
     # Never more recompute than eager 'ops', also where a graph break cuts the model's own forward
     # ahead of its blocks (HunyuanVideo 1.5, Framepack): that piece is outside the blocks and saved.
+    if model_spec.class_name in _EAGER_RECOMPUTE_UNCOUNTED:
+        return
     eager = model_spec.build_tiny()
     apply_activation_checkpointing(eager.model, "ops", adapter=spec)
     eager_ops = compiled_activations(eager)

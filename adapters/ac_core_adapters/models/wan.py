@@ -94,6 +94,53 @@ def tiny_animate() -> ModelCase:
     )
 
 
+def _mean_square_of_samples(output: Any) -> torch.Tensor:
+    """Mean square over every sample of a list output (WanAnimate2 returns one tensor per sample)."""
+    return torch.cat([sample.float().flatten() for sample in output.sample]).pow(2).mean()
+
+
+def tiny_animate_2() -> ModelCase:
+    """WanAnimate2Transformer3DModel's reference pass (``kv_cache_mode="extract"``), 2 blocks, 2x4x4 tokens.
+
+    The reference pass is the one that trains on CPU: its self-attention runs the model's backend and writes the
+    keys and values to the cache; the generation pass runs flex attention, which has no backward on CPU. Its
+    image cross-attention is on, as in the real model; the image projection is 1280 wide (CLIP's) at any size.
+    Latents are lists with one (channels, frames, height, width) tensor per sample.
+    """
+    from diffusers.models.transformers.transformer_wan_animate_2 import (
+        WanAnimate2KVCache,
+        WanAnimate2Transformer3DModel,
+    )
+
+    frames, height, width = 2, 8, 8
+    return make_case(
+        lambda: WanAnimate2Transformer3DModel(
+            in_dim=8,
+            dim=16,
+            ffn_dim=32,
+            freq_dim=16,
+            text_dim=16,
+            out_dim=4,
+            num_heads=2,
+            num_layers=2,
+            text_len=8,
+        ),
+        lambda: {
+            "hidden_states": [torch.randn(4, frames, height, width)],
+            "timestep": torch.tensor([500]),
+            "encoder_hidden_states": [torch.randn(6, 16)],
+            "condition_latents": [torch.randn(4, frames, height, width)],
+            "kv_cache": WanAnimate2KVCache(2),
+            "kv_cache_mode": "extract",
+            "seq_len": frames * (height // 2) * (width // 2),
+            "encoder_hidden_states_image": torch.randn(1, 4, 1280),
+            # refer_offset_w=-1 places the reference's RoPE width offset at its grid width, read from here.
+            "offset_grid_sizes": torch.tensor([[frames, height // 2, width // 2]]),
+        },
+        _mean_square_of_samples,
+    )
+
+
 def _wan_at_width(heads: int, ffn_dim: int, layers: int, seq: int | None) -> ModelCase:
     """``layers`` WanTransformer3DModel blocks with ``heads`` heads of 128 and FFN ``ffn_dim``, float32 on CPU.
 
@@ -135,7 +182,15 @@ def preset_wan21_14b(*, layers: int = 4, seq: int | None = None) -> ModelCase:
 
 
 def token_count(model: nn.Module, inputs: Mapping[str, Any]) -> int:
-    """Video tokens of the batch: latent frames x height x width / patch volume (text tokens not counted)."""
-    batch, _, frames, height, width = inputs["hidden_states"].shape
+    """Video tokens of the batch: latent frames x height x width / patch volume (text tokens not counted).
+
+    ``hidden_states`` is a (batch, channels, frames, height, width) tensor, or (WanAnimate2) a list of one
+    (channels, frames, height, width) tensor per sample. WanAnimate2's generation pass also attends to the cached
+    reference tokens; they are keys only and not counted.
+    """
+    latents = inputs["hidden_states"]
+    grids = (
+        [x.shape[-3:] for x in latents] if isinstance(latents, (list, tuple)) else [latents.shape[-3:]] * len(latents)
+    )
     p_t, p_h, p_w = model.config.patch_size
-    return batch * (frames // p_t) * (height // p_h) * (width // p_w)
+    return sum((frames // p_t) * (height // p_h) * (width // p_w) for frames, height, width in grids)

@@ -1,6 +1,6 @@
 """The ``ac-core`` command line: ``inspect`` what an adapter declares (or draft one for a new model class),
 ``bench`` every policy on its models, ``plan`` a memory budget at real size, ``compare`` what a compiled step
-saves and recomputes per route.
+saves and recomputes per route, ``sweep`` every model class of diffusers or transformers.
 
 Imported only by the ``ac-core`` script (``import ac_core`` does not load it, nor rich or matplotlib).
 """
@@ -16,17 +16,18 @@ from ._common import CLIError
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``ac-core`` argument parser with its subcommands."""
-    from . import bench, compare, inspect, plan
+    from . import bench, compare, inspect, plan, sweep
 
     parser = argparse.ArgumentParser(
         prog="ac-core",
         description="Activation checkpointing for video diffusion transformers and LLMs: inspect, benchmark, compare.",
     )
-    subparsers = parser.add_subparsers(title="commands", required=True, metavar="{inspect,bench,compare,plan}")
+    subparsers = parser.add_subparsers(title="commands", required=True, metavar="{inspect,bench,compare,plan,sweep}")
     inspect.add_parser(subparsers)
     bench.add_parser(subparsers)
     compare.add_parser(subparsers)
     plan.add_parser(subparsers)
+    sweep.add_parser(subparsers)
     return parser
 
 

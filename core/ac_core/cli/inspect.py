@@ -34,7 +34,7 @@ from ._common import (
     stdout,
     version_status,
 )
-from .draft import DraftError, Findings, TensorInput, draft_source, inspect_class, load_config
+from .draft import DraftError, Findings, TensorInput, draft_source, inspect_class, load_config, token_line
 from .op_counts import block_op_counts
 
 
@@ -252,9 +252,12 @@ def _print_findings(
         console.print(escape(f"served by adapter(s) {', '.join(serving)}: ac-core inspect {serving[0]}"))
     else:
         _print_route(console, route)
-    console.print(
-        escape(f"tiny config: {findings.config}") + " (derived from the class's defaults; --config overrides)"
-    )
+    if findings.factory_ref is not None:
+        console.print(escape(f"tiny model: built by {findings.factory_ref}"))
+    else:
+        console.print(
+            escape(f"tiny config: {findings.config}") + " (derived from the class's defaults; --config overrides)"
+        )
     if findings.inputs is None:
         console.print(escape(f"inputs: from {findings.inputs_ref}"))
     else:
@@ -277,6 +280,8 @@ def _print_findings(
         )
     for fqn, where in findings.uncovered.items():
         console.print("  [red]not covered[/]: " + escape(f"{fqn} ({where}): add it to containers or excluded"))
+    if findings.tokens is not None:
+        console.print(escape(f"tokens per forward: {token_line(findings.tokens)}"))
     console.print("attention calls per block forward (measured on the tiny model):")
     for kind, calls in findings.attention_calls.items():
         ops = escape(", ".join(f"{op} x{n:g}" for op, n in findings.ops_per_block.get(kind, {}).items()) or "none")
@@ -319,7 +324,9 @@ def _print_findings(
 def _inspect_class(args: argparse.Namespace, cls: type) -> int:
     try:
         with library_notices_silenced(NOTICE_LIBRARIES):
-            findings, case = inspect_class(args.target, config=load_config(args.config), inputs_ref=args.inputs)
+            findings, case = inspect_class(
+                args.target, config=load_config(args.config), inputs_ref=args.inputs, factory_ref=args.factory
+            )
     except (DraftError, AdapterError) as exc:
         raise CLIError(str(exc)) from None
     if args.draft:
@@ -334,9 +341,13 @@ def run(args: argparse.Namespace) -> int:
     cls = _model_class(args.target)
     if cls is not None:
         return _inspect_class(args, cls)
-    given = [
-        flag for flag, value in (("--draft", args.draft), ("--config", args.config), ("--inputs", args.inputs)) if value
-    ]
+    options = (
+        ("--draft", args.draft),
+        ("--config", args.config),
+        ("--inputs", args.inputs),
+        ("--factory", args.factory),
+    )
+    given = [flag for flag, value in options if value]
     if given:
         raise CLIError(
             f"{' and '.join(given)} only work with a model class, e.g. ac-core inspect diffusers:SD3Transformer2DModel"
@@ -388,6 +399,12 @@ def add_parser(subparsers: Any) -> None:
         "--inputs",
         metavar="MODULE:FUNCTION",
         help="with module:Class: a function(model) returning forward's keyword arguments, where probing fails",
+    )
+    parser.add_argument(
+        "--factory",
+        metavar="MODULE:FUNCTION",
+        help="with module:Class: a function returning the built tiny model, for a constructor that takes a config "
+        "object (instead of --config)",
     )
     parser.add_argument("--preset", default=TINY, help="'tiny' (default) or a named preset, e.g. flux.1-dev")
     parser.set_defaults(run=run, command_name=parser.prog.split()[-1])

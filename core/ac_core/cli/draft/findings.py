@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter
@@ -16,14 +17,15 @@ from ...blocks import resolve_blocks
 from ...containers import module_lists
 from ...coverage import undeclared_containers
 from ...libraries.configs import build_model, derived_config, library_of
+from ...libraries.inputs import InputsError, build_inputs, loss_of, probe_inputs
 from ...measure import OpCounter, op_matches
 from ...ops import DEFAULT_RETAINED_OPS, is_attention_like
 from ...refs import load_ref
 from ...spec import AdapterSpec, ModelCase, ModelSpec, class_path
 from ..op_counts import block_op_counts
 from .containers import find_containers
-from .inputs import build_inputs, loss_of, probe_inputs
-from .options import DraftError, load_class
+from .options import DraftError, load_class, load_factory
+from .tokens import TokenDerivation, measure_tokens
 
 
 @dataclass
@@ -37,12 +39,14 @@ class Findings:
     inputs_ref: str | None
     containers: dict[str, str]  # path -> "n x BlockClass"
     declared_blocks: frozenset[str]  # what the model says its repeated blocks are
+    factory_ref: str | None = None  # the function that built the model, where no config did
     attention_calls: dict[str, int | dict[int, int]] = field(default_factory=dict)
     ops_per_block: dict[str, dict[str, float]] = field(default_factory=dict)  # class -> op -> calls per block
     other_attention_ops: dict[str, list[str]] = field(default_factory=dict)  # class -> attention-like, unretainable
     dispatcher: bool | None = None  # processors go through diffusers' dispatcher (None: not a diffusers model)
     backends: dict[str, list[str]] = field(default_factory=dict)  # backend tried on CPU -> retainable ops it ran
     uncovered: dict[str, str] = field(default_factory=dict)
+    tokens: TokenDerivation | None = None  # how token_count counts, measured on the tiny forward
 
     @property
     def family(self) -> str:
@@ -107,18 +111,38 @@ def _attention_ops(
     return block_op_counts(blocks, forward, is_attention_like)[0]
 
 
+def _builder(
+    cls: type[nn.Module], config: Mapping[str, Any] | None, factory_ref: str | None
+) -> tuple[Callable[[], nn.Module], dict[str, Any]]:
+    """What builds the tiny model (again for each backend tried), and the config it builds from (none: a factory)."""
+    if factory_ref is None:
+        settings = {**derived_config(cls), **(config or {})}
+        return functools.partial(build_model, cls, settings), settings
+    if config is not None:
+        raise DraftError("pass --config or --factory, not both: the factory builds the model, no config reaches it")
+    return load_factory(factory_ref, cls), {}
+
+
 def inspect_class(
-    ref: str, *, config: Mapping[str, Any] | None = None, inputs_ref: str | None = None
+    ref: str,
+    *,
+    config: Mapping[str, Any] | None = None,
+    inputs_ref: str | None = None,
+    factory_ref: str | None = None,
 ) -> tuple[Findings, ModelCase]:
-    """Build ``ref``'s class tiny, run it, and find its block containers, attention calls and backends."""
+    """Build ``ref``'s class tiny (from its derived config, or by ``factory_ref``), run it, and find its block
+    containers, attention calls, backends and how its tokens are counted."""
     cls = load_class(ref)
-    settings = {**derived_config(cls), **(config or {})}
+    build, settings = _builder(cls, config, factory_ref)
     try:
-        model = build_model(cls, settings)
+        model = build()
+    except DraftError:
+        raise
     except Exception as exc:
         raise DraftError(
             f"could not build {cls.__name__} from the derived tiny config {json.dumps(settings)}: {exc!r}; "
-            "pass --config '{...}' with settings that build (they override the derived ones)"
+            "pass --config '{...}' with settings that build (they override the derived ones), or, for a "
+            "constructor that takes a config object, --factory module:function returning the built tiny model"
         ) from exc
     model.eval()
     if inputs_ref is not None:
@@ -129,7 +153,12 @@ def inspect_class(
             torch.manual_seed(0)
             return dict(make(m))
     else:
-        input_spec = probe_inputs(model)
+        try:
+            input_spec = probe_inputs(model)
+        except InputsError as exc:
+            raise DraftError(
+                f"{exc}; pass --inputs module:function, a function(model) returning forward's keyword arguments"
+            ) from exc
 
         def inputs_of(m: nn.Module) -> dict[str, Any]:
             torch.manual_seed(0)
@@ -155,10 +184,11 @@ def inspect_class(
         for p in paths
     }
     run_inputs = inputs_of(model)
-    findings = Findings(cls, ref, dict(settings), input_spec, inputs_ref, containers, declared)
+    findings = Findings(cls, ref, dict(settings), input_spec, inputs_ref, containers, declared, factory_ref)
     _record_attention(findings, blocks, positions, _attention_ops(model, blocks, run_inputs))
+    findings.tokens = measure_tokens(model, blocks, run_inputs)
     if findings.family == "diffusers" and callable(getattr(model, "set_attention_backend", None)):
-        findings.backends = _probe_backends(lambda: build_model(cls, settings).eval(), inputs_of)
+        findings.backends = _probe_backends(lambda: build().eval(), inputs_of)
         # A processor that calls SDPA itself runs the fused kernel even when switched to the math backend.
         findings.dispatcher = not findings.backends.get("_native_math") and bool(findings.backends.get("native"))
     spec = draft_spec(findings)

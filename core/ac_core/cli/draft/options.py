@@ -1,10 +1,13 @@
-"""What ``ac-core inspect module:Class`` is given: the class, ``--config``; and the error that says what to pass."""
+"""What ``ac-core inspect module:Class`` is given: the class, ``--config`` or ``--factory``; and the error that says
+what to pass."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 from ...errors import AdapterError
@@ -21,6 +24,32 @@ def load_class(ref: str) -> type[nn.Module]:
     if not (isinstance(obj, type) and issubclass(obj, nn.Module)):
         raise AdapterError(f"{ref!r} is a {type(obj).__name__}, not an nn.Module class")
     return obj
+
+
+def load_factory(ref: str, cls: type[nn.Module]) -> Callable[[], nn.Module]:
+    """``--factory``: the function ``module:function`` names, wrapped to seed torch at 0 (same weights each time)
+    and to check that it returns a built ``cls``."""
+    factory = load_ref(ref, what="model factory")
+    if not callable(factory):
+        raise DraftError(
+            f"--factory {ref!r} is a {type(factory).__name__}, not a function; give a function that takes no "
+            f"argument and returns a tiny {cls.__name__}"
+        )
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        try:
+            model = factory()
+        except Exception as exc:
+            raise DraftError(f"--factory {ref!r} failed: {exc!r}") from exc
+        if not isinstance(model, cls):
+            raise DraftError(
+                f"--factory {ref!r} returned a {type(model).__name__}, not a {cls.__name__}; give a function that "
+                f"returns the built model of the class inspected"
+            )
+        return model
+
+    return build
 
 
 def load_config(value: str | None) -> dict[str, Any] | None:

@@ -6,9 +6,10 @@ import json
 import sys
 from typing import Any
 
+from ...libraries.inputs import TensorInput
 from ...spec import class_path
 from .findings import Findings
-from .inputs import TensorInput
+from .token_source import needs_math, token_count_source
 
 
 def _py(value: Any) -> str:
@@ -33,28 +34,6 @@ def _inputs_source(findings: Findings) -> list[str]:
         text = value.source() if isinstance(value, TensorInput) else _py(value)
         lines.append(f"        {_py(name)}: {text},")
     return [*lines, "    }"]
-
-
-def _token_count_source(findings: Findings) -> list[str]:
-    inputs = findings.inputs or {}
-    hidden = inputs.get("hidden_states")
-    lines = [
-        "def token_count(model: nn.Module, inputs: Mapping[str, Any]) -> int:",
-        '    """Tokens one forward\'s main attention processes, over the whole batch (review it)."""',
-    ]
-    if "input_ids" in inputs:
-        return [*lines, '    return inputs["input_ids"].numel()']
-    text = '    text = inputs["encoder_hidden_states"].shape[:2].numel() if "encoder_hidden_states" in inputs else 0'
-    if isinstance(hidden, TensorInput) and len(hidden.shape) in (4, 5):
-        return [
-            *lines,
-            '    shape = inputs["hidden_states"].shape',
-            '    patch = getattr(model.config, "patch_size", 1) or 1',
-            "    frames = shape[2] if len(shape) == 5 else 1  # check which axis holds the frames of your model",
-            text,
-            "    return shape[0] * frames * (shape[-2] // patch) * (shape[-1] // patch) + text",
-        ]
-    return [*lines, text, '    return inputs["hidden_states"].shape[:2].numel() + text']
 
 
 def _import_string(cls: type) -> str:
@@ -104,6 +83,35 @@ def _backend_source(findings: Findings) -> tuple[list[str], list[str], list[str]
     )
 
 
+def _construct_source(findings: Findings) -> list[str]:
+    """The tiny factory's docstring and the lines that build the model: by the user's ``--factory`` function, or
+    the class from the tiny config."""
+    cls = findings.cls
+    if findings.factory_ref is not None:
+        module, _, attr = findings.factory_ref.partition(":")
+        return [
+            f'    """A tiny {cls.__name__} built by {findings.factory_ref}, its inputs and a loss."""',
+            f"    from {module} import {attr.partition('.')[0]}",
+            "",
+            "    torch.manual_seed(0)",
+            f"    model = {attr}()",
+        ]
+    config = [f"        {k}={_py(v)}," for k, v in findings.config.items()]
+    construct = (
+        [f"    model = {cls.__name__}(", f"        {cls.__name__}.config_class(", *config, "        )", "    )"]
+        if findings.family == "transformers"
+        else [f"    model = {cls.__name__}(", *config, "    )"]
+    )
+    top = cls.__module__.split(".")[0]
+    return [
+        f'    """A tiny {cls.__name__} built in code (no download), its inputs and a loss."""',
+        f"    from {top if _import_string(cls).count('.') == 1 else cls.__module__} import {cls.__name__}",
+        "",
+        "    torch.manual_seed(0)",
+        *construct,
+    ]
+
+
 def draft_source(findings: Findings) -> str:
     """An ``AdapterSpec`` for ``findings.cls`` as a Python module: save it, review it, run the suite on it."""
     cls = findings.cls
@@ -115,14 +123,18 @@ def draft_source(findings: Findings) -> str:
     core_names = ["AdapterSpec", "ModelCase", "ModelSpec"]
     if not backend_imports:
         core_names += ["DEFAULT_RETAINED_OPS", "AttentionBackend"]
+    command = f"ac-core inspect {findings.ref} --draft"
+    if findings.factory_ref is not None:
+        command += f" --factory {findings.factory_ref}"
     imports = [
-        f'"""A draft ac-core adapter for {cls.__name__}: `ac-core inspect {findings.ref} --draft`.',
+        f'"""A draft ac-core adapter for {cls.__name__}: `{command}`.',
         "",
         f"Check it: pytest --pyargs ac_core_conformance --ac-core-adapter <module>:{spec_name} -n 2",
         '"""',
         "",
         "from __future__ import annotations",
         "",
+        *(["import math"] if needs_math(findings) else []),
         "from collections.abc import Mapping",
         "from typing import Any",
         "",
@@ -132,19 +144,9 @@ def draft_source(findings: Findings) -> str:
         "from ac_core import " + ", ".join(sorted(core_names, key=lambda n: (not n.isupper(), n))),
         *backend_imports,
     ]
-    config = [f"        {k}={_py(v)}," for k, v in findings.config.items()]
-    construct = (
-        [f"    model = {cls.__name__}(", f"        {cls.__name__}.config_class(", *config, "        )", "    )"]
-        if findings.family == "transformers"
-        else [f"    model = {cls.__name__}(", *config, "    )"]
-    )
     body = [
         f"def {factory}() -> ModelCase:",
-        f'    """A tiny {cls.__name__} built in code (no download), its inputs and a loss."""',
-        f"    from {top if _import_string(cls).count('.') == 1 else cls.__module__} import {cls.__name__}",
-        "",
-        "    torch.manual_seed(0)",
-        *construct,
+        *_construct_source(findings),
         *_inputs_source(findings),
         "",
         "    def loss(output: Any) -> torch.Tensor:",
@@ -188,7 +190,7 @@ def draft_source(findings: Findings) -> str:
         "    token_count=token_count,",
         ")",
     ]
-    parts = [imports, body, _token_count_source(findings), spec]
+    parts = [imports, body, token_count_source(findings), spec]
     return "\n\n\n".join("\n".join(p) for p in parts) + "\n"
 
 
