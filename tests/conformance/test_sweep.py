@@ -104,7 +104,7 @@ def test_each_class_runs_in_its_own_process_within_its_time_limit():
     rows = sweep(
         [_local("HangingModel"), _local("DyingModel"), _local("SweptModel")],
         jobs=2,
-        time_limit=5,
+        time_limit=15,  # room for the proven one on a loaded machine; the hanging one sleeps 600 s
         on_result=lambda row: seen.append(row.name),
     )
     assert [(r.name, r.result) for r in rows] == [
@@ -112,7 +112,7 @@ def test_each_class_runs_in_its_own_process_within_its_time_limit():
         ("DyingModel", CRASHED),
         ("SweptModel", PROVEN),
     ]
-    assert rows[0].reason == "stopped after 5 s"
+    assert rows[0].reason == "stopped after 15 s"
     assert rows[1].reason == "the process died (exit code 3)"
     assert sorted(seen) == ["DyingModel", "HangingModel", "SweptModel"]
 
