@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from ac_core import resolve_blocks
-
 from .catalog import Target
 from .checks import run_checks
 from .results import CRASHED, FAILED, NOT_BUILT, PROVEN, REFUSED, TIMED_OUT, ClassResult
@@ -44,8 +42,7 @@ def sweep_one(target: Target) -> ClassResult:
     else:
         row.served_by = subject.adapter.name
         row.attention = {cls: n if isinstance(n, int) else dict(n) for cls, n in subject.model.attention_calls.items()}
-        case = subject.model.build_tiny()
-        resolved = resolve_blocks(case.model, subject.adapter, check_versions=False)
+        resolved = subject.blocks(subject.model.build_tiny().model)
         row.containers = {c.path: len(c.blocks) for c in resolved.containers}
         row.checks = run_checks(subject)
         failed = next((o for o in row.checks if o.status == "failed"), None)
