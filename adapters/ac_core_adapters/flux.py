@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ac_core import AdapterSpec, ModelSpec
 from ac_core.libraries.diffusers import adapter_fields
+from ac_core.spec import VideoGeometry
 
 from .models.flux import token_count
 
@@ -28,6 +29,11 @@ SPEC = AdapterSpec(
             versions=VERSIONS,
             tiny="ac_core_adapters.models.flux:tiny_flux",
             presets={"flux.1-dev": "ac_core_adapters.models.flux:preset_flux1_dev"},
+            # An 8x VAE, then FluxPipeline packs 2x2 latents into one token (in_channels 64 = 16 latent x 4).
+            geometry=VideoGeometry(vae_temporal=1, vae_spatial=8, patch=(1, 2, 2), video=False),
+            # FluxTransformer2DModel's defaults in diffusers 0.42, FLUX.1-dev's transformer config:
+            # num_layers 19, num_single_layers 38.
+            depths={"flux.1-dev": {"layers": 19, "single_layers": 38}},
         ),
         ModelSpec(
             cls="diffusers.Flux2Transformer2DModel",

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from ac_core import AdapterSpec, ExcludedContainer, ModelSpec
 from ac_core.libraries.diffusers import adapter_fields
+from ac_core.spec import VideoGeometry
 
 from .models.hunyuan import token_count
 
@@ -41,6 +42,11 @@ _HUNYUAN_VIDEO = ModelSpec(
     versions=VERSIONS,
     tiny="ac_core_adapters.models.hunyuan:tiny_hunyuan_video",
     presets={"hunyuanvideo": "ac_core_adapters.models.hunyuan:preset_hunyuan_video"},
+    # AutoencoderKLHunyuanVideo: 4x in time after the lone first frame, 8x in space; patch_size_t 1, patch_size 2.
+    geometry=VideoGeometry(vae_temporal=4, vae_spatial=8, patch=(1, 2, 2)),
+    # HunyuanVideoTransformer3DModel's defaults in diffusers 0.42, the released model's (hunyuanvideo-community/
+    # HunyuanVideo transformer config): num_layers 20, num_single_layers 40.
+    depths={"hunyuanvideo": {"layers": 20, "single_layers": 40}},
 )
 
 SPEC = AdapterSpec(
@@ -51,7 +57,12 @@ SPEC = AdapterSpec(
         _HUNYUAN_VIDEO,
         # The same class again, so that the token-replace variant's blocks go through every check too;
         # both entries declare the same containers, so either serves a model of this class.
-        replace(_HUNYUAN_VIDEO, tiny="ac_core_adapters.models.hunyuan:tiny_hunyuan_video_token_replace", presets={}),
+        replace(
+            _HUNYUAN_VIDEO,
+            tiny="ac_core_adapters.models.hunyuan:tiny_hunyuan_video_token_replace",
+            presets={},
+            depths={},
+        ),
         ModelSpec(
             cls="diffusers.HunyuanVideo15Transformer3DModel",
             containers=("transformer_blocks",),

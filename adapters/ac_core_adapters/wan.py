@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from ac_core import AdapterSpec, ExcludedContainer, ModelSpec
 from ac_core.libraries.diffusers import adapter_fields
+from ac_core.spec import VideoGeometry
 
 from .models.wan import token_count
 from .models.wan_training import REQUIREMENTS, prepare
@@ -51,6 +52,11 @@ SPEC = AdapterSpec(
                 "wan2.1-1.3b": "ac_core_adapters.models.wan:preset_wan21_1_3b",
                 "wan2.1-14b": "ac_core_adapters.models.wan:preset_wan21_14b",
             },
+            # Wan-VAE: 4x in time after the lone first frame, 8x in space; the transformer's patch_size (1, 2, 2).
+            geometry=VideoGeometry(vae_temporal=4, vae_spatial=8, patch=(1, 2, 2)),
+            # num_layers of the released transformer configs (Wan-AI/Wan2.1-T2V-{1.3B,14B}-Diffusers); 40 is also
+            # WanTransformer3DModel's default in diffusers 0.42 (its defaults are the 14B's).
+            depths={"wan2.1-1.3b": {"layers": 30}, "wan2.1-14b": {"layers": 40}},
         ),
         ModelSpec(
             cls="diffusers.WanVACETransformer3DModel",

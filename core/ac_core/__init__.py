@@ -66,14 +66,16 @@ from .warnings import reset_warnings
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .budget import Budget, CheckpointPlan, plan_activation_checkpointing, profile_step
+    from .budget import Budget, CheckpointPlan, StepBudget, plan_activation_checkpointing, predict_step, profile_step
 
 # The memory-budget policy profiles with the measurement tools: imported (and registered) on first use.
 _LAZY = {
     "Budget": "budget",
     "CheckpointPlan": "budget",
     "plan_activation_checkpointing": "budget",
+    "predict_step": "budget",
     "profile_step": "budget",
+    "StepBudget": "budget",
 }
 
 
@@ -120,7 +122,9 @@ def __getattr__(name: str) -> object:
 __all__ = [  # noqa: RUF022  # the lazy names first
     "Budget",
     "CheckpointPlan",
+    "StepBudget",
     "plan_activation_checkpointing",
+    "predict_step",
     "profile_step",
     "DEFAULT_RETAINED_OPS",
     "DEFAULT_SAC_SAVE_OPS",

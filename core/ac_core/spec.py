@@ -83,6 +83,77 @@ class ExcludedContainer:
             raise AdapterError("ExcludedContainer needs both a path and a reason")
 
 
+def _nearest(size: int, first: int, step: int) -> int:
+    """The value of ``first + k * step`` (k >= 0) nearest ``size``."""
+    return first + max(0, round((size - first) / step)) * step
+
+
+@dataclass(frozen=True)
+class VideoGeometry:
+    """How a model's inputs as users state them (frames, height and width in pixels) become its tokens.
+
+    The VAE encodes the first frame alone and each ``vae_temporal`` frames after it into one latent frame (``F``
+    frames: ``(F - 1) / vae_temporal + 1`` latent frames) and ``vae_spatial`` pixels each way into one latent;
+    the transformer turns each ``patch`` (frames, height, width) of latents into one token. An image model sets
+    ``video=False``: one frame, with its packing (Flux's 2x2) as the patch. Wan2.1's ``(4, 8, (1, 2, 2))`` turns
+    81 frames of 720x1280 into 21 x 45 x 80 = 75,600 tokens.
+    """
+
+    vae_temporal: int
+    vae_spatial: int
+    patch: tuple[int, int, int]
+    video: bool = True
+
+    def __post_init__(self) -> None:
+        _tupled(self, "patch", self.patch)
+        sizes = (self.vae_temporal, self.vae_spatial, *self.patch)
+        if len(self.patch) != 3 or not all(type(n) is int and n >= 1 for n in sizes):
+            raise AdapterError(
+                "VideoGeometry needs ints >= 1: vae_temporal, vae_spatial and a (frames, height, width) patch; "
+                f"got {self.vae_temporal!r}, {self.vae_spatial!r}, {self.patch!r}"
+            )
+
+    def _frame_rule(self) -> tuple[int, int, str]:
+        """(first, step, words) of the valid frame counts ``first + k * step``."""
+        if not self.video:
+            return 1, 1, "1 frame (an image model)"
+        # Latent frames come in patches of patch[0]: the first patch holds the lone first frame.
+        first = (self.patch[0] - 1) * self.vae_temporal + 1
+        step = self.vae_temporal * self.patch[0]
+        return first, step, f"{step}k + {first} frames"
+
+    def latent_shape(self, frames: int, height: int, width: int) -> tuple[int, int, int]:
+        """(frames, height, width) of the latents the VAE makes of the video; ValueError for a shape the VAE and
+        the patches do not divide, naming it and the nearest valid shape."""
+        sizes = (frames, height, width)
+        if not all(type(n) is int and n >= 1 for n in sizes):
+            raise ValueError(f"frames, height and width must be ints >= 1, got {frames!r} x {height!r} x {width!r}")
+        first, step, frame_words = self._frame_rule()
+        spatial = (self.vae_spatial * self.patch[1], self.vae_spatial * self.patch[2])
+        valid_frames = (frames - first) % step == 0 and frames >= first and (self.video or frames == 1)
+        if not valid_frames or height % spatial[0] or width % spatial[1]:
+            nearest_frames = _nearest(frames, first, step) if self.video else 1
+            nearest = (nearest_frames, *(_nearest(n, s, s) for n, s in zip(sizes[1:], spatial, strict=True)))
+            raise ValueError(
+                f"{frames} x {height} x {width} (frames x height x width) does not divide into tokens: the model "
+                f"takes {frame_words}, height a multiple of {spatial[0]} and width of {spatial[1]} (the "
+                f"VAE's {self.vae_spatial}x, then {self.patch[1]}x{self.patch[2]} patches); nearest valid: "
+                f"{' x '.join(map(str, nearest))}"
+            )
+        latent_frames = (frames - 1) // self.vae_temporal + 1 if self.video else 1
+        return latent_frames, height // self.vae_spatial, width // self.vae_spatial
+
+    def token_grid(self, frames: int, height: int, width: int) -> tuple[int, int, int]:
+        """(frames, height, width) in tokens: the latents over the patch."""
+        latents = self.latent_shape(frames, height, width)
+        return latents[0] // self.patch[0], latents[1] // self.patch[1], latents[2] // self.patch[2]
+
+    def tokens(self, frames: int, height: int, width: int) -> int:
+        """The video's tokens (one sample; text and other streams not counted)."""
+        grid = self.token_grid(frames, height, width)
+        return grid[0] * grid[1] * grid[2]
+
+
 @dataclass
 class ModelCase:
     """A built model with inputs and a loss: what an adapter's factories return for tests and benchmarks."""
@@ -159,8 +230,9 @@ class ModelSpec:
     block class name to the attention calls one forward of it makes: an int, or, where blocks of one
     class make different numbers of calls (SD3.5's ``dual_attention_layers``), a mapping from the
     block's index in its container to its calls, as the tiny model lays them out (``{0: 2, 1: 1}``;
-    ``ac-core inspect module:Class --draft`` prints it). A class with 0 calls is a block without
-    attention (ac-core never looks for attention in it). ``versions`` is a
+    ``ac-core inspect module:Class --draft`` prints it), or, where one class sits in several containers whose
+    blocks at one index differ, from the block's path (``{"noise_refiner.0": 1, "layers.0": 2}``). A class with
+    0 calls is a block without attention (ac-core never looks for attention in it). ``versions`` is a
     requirement string (``"diffusers>=0.42"``) for the library versions whose layout this declares.
     ``tiny`` builds a tiny :class:`ModelCase` from a config in code, with no download; it seeds torch
     itself, so every call builds the same weights and inputs. It and the ``presets`` are given as
@@ -171,18 +243,27 @@ class ModelSpec:
     ``meta_unsupported`` says why the model cannot run on ``meta`` tensors (its forward reads a tensor's value),
     so memory-budget plans are made on real tensors only; the conformance suite checks that claim too.
     ``presets`` map a preset name (e.g. ``"wan2.1-1.3b"``) to a factory taking keyword options
-    (``layers``, ``seq``) that builds a few blocks at the real model's width.
+    (``layers``, ``seq``) that builds a few blocks at the real model's width. A video or image preset also takes
+    ``grid``, (frames, height, width) in tokens, built exactly and used instead of ``seq`` (which lays its tokens
+    out as whole frames of the preset's own size); a two-stream one takes ``single_layers`` (default ``layers``).
+    ``depths`` map a preset name to the keyword options that build the real model's whole depth
+    (``{"layers": 40}`` for Wan2.1-14B, ``{"layers": 20, "single_layers": 40}`` for HunyuanVideo): what
+    ``ac-core plan`` builds for a step budget where ``--layers`` is not given.
+    ``geometry`` turns a video's frames and resolution into the ``seq`` tokens its presets take (the VAE and patch
+    factors, a :class:`VideoGeometry`); None for a model that takes tokens (an LLM).
     """
 
     cls: str
     containers: tuple[str, ...]
     excluded: tuple[ExcludedContainer, ...] = ()
-    attention_calls: Mapping[str, int | Mapping[int, int]] = field(default_factory=dict)
+    attention_calls: Mapping[str, int | Mapping[int, int] | Mapping[str, int]] = field(default_factory=dict)
     versions: str | None = None
     tiny: Factory | None = None
     presets: Mapping[str, Factory] = field(default_factory=dict)
     compile_unsupported: str | None = None
     meta_unsupported: str | None = None
+    geometry: VideoGeometry | None = None
+    depths: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _tupled(self, "containers", self.containers)
@@ -192,7 +273,7 @@ class ModelSpec:
             "attention_calls",
             MappingProxyType(
                 {
-                    block: calls if isinstance(calls, int) else MappingProxyType(dict(calls))
+                    block: calls if isinstance(calls, int) else MappingProxyType(dict(cast(Mapping[Any, int], calls)))
                     for block, calls in self.attention_calls.items()
                 }
             ),
@@ -208,29 +289,45 @@ class ModelSpec:
         for block, calls in self.attention_calls.items():
             per_index = calls.items() if isinstance(calls, Mapping) else [(0, calls)]
             if isinstance(calls, bool) or not all(
-                type(i) is int and i >= 0 and type(n) is int and n >= 0 for i, n in per_index
+                ((type(i) is int and i >= 0) or (type(i) is str and i)) and type(n) is int and n >= 0
+                for i, n in per_index
             ):
                 got = dict(calls) if isinstance(calls, Mapping) else calls
                 raise AdapterError(
                     f"ModelSpec for {self.cls}: attention_calls[{block!r}] must be an int >= 0, or a mapping "
-                    f"of block index (int >= 0) to an int >= 0; got {got!r}"
+                    f"of block index (int >= 0) or block path to an int >= 0; got {got!r}"
                 )
         if self.tiny is not None:
             _check_factory(self.tiny, f"ModelSpec for {self.cls}: tiny")
         for name, factory in self.presets.items():
             _check_factory(factory, f"ModelSpec for {self.cls}: presets[{name!r}]")
+        object.__setattr__(
+            self, "depths", MappingProxyType({k: MappingProxyType(dict(v)) for k, v in self.depths.items()})
+        )
+        for name, options in self.depths.items():
+            if name not in self.presets or not options:
+                raise AdapterError(
+                    f"ModelSpec for {self.cls}: depths[{name!r}] must name one of its presets "
+                    f"{sorted(self.presets)} and give the keyword options of its real depth"
+                )
+            if not all(type(n) is int and n >= 1 for n in options.values()):
+                raise AdapterError(f"ModelSpec for {self.cls}: depths[{name!r}] must be ints >= 1, got {dict(options)}")
 
     @property
     def class_name(self) -> str:
         return self.cls.rpartition(".")[2]
 
-    def calls_of(self, block_class: str, index: int | None = None) -> int | None:
+    def calls_of(self, block_class: str, index: int | None = None, path: str | None = None) -> int | None:
         """The attention calls ``attention_calls`` declares for one block of ``block_class``, the ``index``-th
-        of its container; None where it declares nothing for that class (or, for a per-index count, that index)."""
+        of its container at ``path``; None where it declares nothing for that class (or, for a per-block count,
+        that path or index)."""
         calls = self.attention_calls.get(block_class)
         if calls is None or isinstance(calls, int):
             return calls
-        return None if index is None else calls.get(index)
+        per_block: Mapping[Any, int] = calls  # keyed by index or by path
+        if path is not None and path in per_block:
+            return per_block[path]
+        return None if index is None else per_block.get(index)
 
     @property
     def tiny_name(self) -> str | None:

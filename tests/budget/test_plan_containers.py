@@ -102,3 +102,14 @@ def test_each_block_is_profiled_on_its_own_so_no_plan_keeps_an_output_its_block_
     model(x).pow(2).sum().backward()
     plain(x).pow(2).sum().backward()
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(plain.parameters(), model.parameters(), strict=True))
+
+
+def test_blocks_the_forward_never_calls_are_named_with_the_blocks_argument_that_leaves_them_out():
+    case = toy_case(dim=32, heads=2, depth=2, tokens=8)
+    case.model.unused = copy.deepcopy(case.model.layers)  # a tower the inputs never reach (text-only training)
+    with pytest.raises(ValueError, match="never called") as caught:
+        plan_activation_checkpointing(case.model, case.inputs, 0.5, blocks=["layers", "unused"])
+    assert "['unused.0', 'unused.1']" in str(caught.value)
+    assert "leave unused out of the plan with blocks=['layers']" in str(caught.value)
+    plan = plan_activation_checkpointing(case.model, case.inputs, 0.5, blocks=["layers"])
+    assert [b.path for b in plan.blocks] == ["layers.0", "layers.1"]

@@ -124,8 +124,13 @@ def test_per_index_attention_calls_are_validated():
     assert spec.calls_of("Block", 0) == 2
     assert spec.calls_of("Block", 1) == 1
     assert spec.calls_of("Block", 2) is None
-    with pytest.raises(AdapterError, match="mapping of block index"):
-        ModelSpec(cls="pkg.Model", containers=("blocks",), attention_calls={"Block": {"0": 2}})  # pyright: ignore[reportArgumentType]
+    # By path where one class sits in several containers: the path wins over the index.
+    by_path = ModelSpec(cls="pkg.Model", containers=("a", "b"), attention_calls={"Block": {"a.0": 1, "b.0": 2}})
+    assert (by_path.calls_of("Block", 0, "a.0"), by_path.calls_of("Block", 0, "b.0")) == (1, 2)
+    assert by_path.calls_of("Block", 0) is None
+    for bad in ({-1: 2}, {"": 2}, {0: -1}, {1.5: 2}):
+        with pytest.raises(AdapterError, match="mapping of block index"):
+            ModelSpec(cls="pkg.Model", containers=("blocks",), attention_calls={"Block": bad})  # pyright: ignore[reportArgumentType]
 
 
 def test_the_tiny_model_must_run_the_default_backend_as_built():

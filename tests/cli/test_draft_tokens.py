@@ -167,3 +167,25 @@ def test_without_a_patch_embedding_the_draft_guesses_and_says_review_it():
     module = types.ModuleType("drafted_unshuffled")
     exec(compile(source, "<draft unshuffled>", "exec"), module.__dict__)
     assert module.token_count(case.model, case.inputs) == 2 * 8 * 8  # the guess: a patch of 1 where none is known
+
+
+class ResidueModel(nn.Module):
+    """Takes a sequence under another name than hidden_states, with no patch embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(ToyBlock(16, 2) for _ in range(2))
+
+    def forward(self, residues: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            residues = block(residues)
+        return residues
+
+
+def test_without_hidden_states_the_guess_counts_the_first_sequence_input():
+    findings, case = inspect_class("tests.cli.test_draft_tokens:ResidueModel")
+    source = draft_source(findings)
+    assert '    return inputs["residues"].shape[:2].numel() + text\n' in source
+    module = types.ModuleType("drafted_residues")
+    exec(compile(source, "<draft residues>", "exec"), module.__dict__)
+    assert module.token_count(case.model, case.inputs) == case.inputs["residues"].shape[:2].numel()

@@ -22,6 +22,7 @@ from ac_core_conformance.sweep import (
     targets,
     write_table,
 )
+from ac_core_conformance.sweep.report import render_section
 from ac_core_conformance.sweep.results import CRASHED, FAILED, NOT_BUILT, PROVEN, REFUSED, TIMED_OUT
 
 pytest.importorskip("diffusers")
@@ -166,3 +167,13 @@ def test_command_refuses_bad_arguments(capsys: pytest.CaptureFixture[str]):
     assert "pass --json FILE too" in capsys.readouterr().err
     assert main(["sweep", "transformers", "--classes", "nope", "--json", "x.json"]) == 2
     assert "no nope to sweep" in capsys.readouterr().err
+
+
+def test_a_class_built_as_declared_says_so_in_its_row():
+    # LTX-2's audio text width is a relation between settings no scaling sees: its entry declares it.
+    row = sweep_one(targets("diffusers", ["LTX2VideoTransformer3DModel"])[0])
+    assert row.result == PROVEN, row.reason
+    assert row.declared.startswith("the audio text width")
+    table = render_section(SweepRecord("diffusers", {}, [row]))
+    assert f"built as declared in ac_core.libraries.class_builds ({row.declared})" in table
+    assert ClassResult.from_json(row.to_json()).declared == row.declared

@@ -1,25 +1,39 @@
 """accelerate: an ac-core model prepared with bf16 mixed precision (on CPU) trains like the plain one, and a
-save_state/load_state round trip keeps ac-core's checkpointing."""
+save_state/load_state round trip keeps ac-core's checkpointing; on a tiny Llama (its adapter) and a tiny Qwen3 (the
+transformers library route)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ac_core import DEFAULT_RETAINED_OPS, apply_activation_checkpointing, checkpointed_blocks, resolve_blocks
+from ac_core import (
+    DEFAULT_RETAINED_OPS,
+    apply_activation_checkpointing,
+    checkpointed_blocks,
+    get_adapter,
+    resolve_blocks,
+)
 from ac_core.measure import OpCounter
+
+from . import route_models
 
 accelerate = pytest.importorskip("accelerate")
 pytest.importorskip("transformers")
 llama = pytest.importorskip("ac_core_adapters.models.llama")
 
-LAYERS = [f"model.layers.{i}" for i in range(3)]
+LAYERS = [f"model.layers.{i}" for i in range(3)]  # in both models
+# (factory, the adapter serving it)
+MODELS = [
+    pytest.param(llama.tiny_llama_for_causal_lm, "llama", id="llama"),
+    pytest.param(route_models.tiny_qwen3_for_causal_lm, "transformers-route", id="qwen3-route"),
+]
 
 
 def _mixed_precision() -> str:
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            torch.ones(2, 2) @ torch.ones(2, 2)
+            _ = torch.ones(2, 2) @ torch.ones(2, 2)
     except RuntimeError:
         return "no"
     return "bf16"
@@ -39,8 +53,8 @@ def accelerator():
     AcceleratorState._reset_state(reset_partial_state=True)  # the state is per process: leave none to later tests
 
 
-def _prepared(accelerator, when: str | None):
-    case = llama.tiny_llama_for_causal_lm()
+def _prepared(accelerator, make, when: str | None):
+    case = make()
     if when == "before":
         apply_activation_checkpointing(case.model, "ops")
     optimizer = torch.optim.SGD(case.model.parameters(), lr=0.1)
@@ -62,13 +76,16 @@ def _step(accelerator, model, optimizer, inputs) -> tuple[torch.Tensor, int]:
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
-def test_prepared_ac_core_model_trains_like_the_plain_one(accelerator, when):
+@pytest.mark.parametrize(("make", "adapter"), MODELS)
+def test_prepared_ac_core_model_trains_like_the_plain_one(accelerator, make, adapter, when):
     plain = accelerator()
     assert plain.mixed_precision == _mixed_precision()
-    expected = _prepared(plain, None)
+    expected = _prepared(plain, make, None)
     ours = accelerator()
-    model, optimizer, inputs = _prepared(ours, when)
-    assert resolve_blocks(model).paths == frozenset(LAYERS)
+    model, optimizer, inputs = _prepared(ours, make, when)
+    resolved = resolve_blocks(model)
+    assert resolved.paths == frozenset(LAYERS)
+    assert resolved.adapter is not None and resolved.adapter.name == adapter
     for _ in range(2):
         loss, reruns = _step(ours, model, optimizer, inputs)
         torch.testing.assert_close(loss, _step(plain, *expected)[0], rtol=0, atol=0)
@@ -77,9 +94,11 @@ def test_prepared_ac_core_model_trains_like_the_plain_one(accelerator, when):
         torch.testing.assert_close(got, want, rtol=0, atol=0, msg=name)
 
 
-def test_save_state_load_state_round_trip_keeps_ac_core_checkpointing(accelerator, tmp_path):
+@pytest.mark.parametrize(("make", "adapter"), MODELS)
+def test_save_state_load_state_round_trip_keeps_ac_core_checkpointing(accelerator, make, adapter, tmp_path):
     acc = accelerator()
-    model, optimizer, inputs = _prepared(acc, "before")
+    model, optimizer, inputs = _prepared(acc, make, "before")
+    assert get_adapter(model).name == adapter
     _step(acc, model, optimizer, inputs)
     acc.save_state(str(tmp_path / "state"))
     after_save, _ = _step(acc, model, optimizer, inputs)
@@ -92,7 +111,7 @@ def test_save_state_load_state_round_trip_keeps_ac_core_checkpointing(accelerato
 
     # A fresh ac-core model loading that state trains the same step too.
     fresh_acc = accelerator()
-    fresh, fresh_optimizer, _ = _prepared(fresh_acc, "before")
+    fresh, fresh_optimizer, _ = _prepared(fresh_acc, make, "before")
     fresh_acc.load_state(str(tmp_path / "state"))
     assert list(checkpointed_blocks(fresh)) == LAYERS
     torch.testing.assert_close(_step(fresh_acc, fresh, fresh_optimizer, inputs)[0], after_save, rtol=0, atol=0)

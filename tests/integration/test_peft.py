@@ -1,15 +1,18 @@
-"""peft LoRA on a tiny Llama and a tiny Flux, with ac-core applied before or after LoRA: LoRA gradients equal plain
-LoRA's and the PEFT state-dict keys are unchanged."""
+"""peft LoRA on a tiny Llama and a tiny Flux, and on the library route's tiny Qwen3 and QwenImage, with ac-core applied
+before or after LoRA: LoRA gradients equal plain LoRA's and the PEFT state-dict keys are unchanged."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
-from ac_core import apply_activation_checkpointing, checkpointed_blocks
+from ac_core import ModelCase, apply_activation_checkpointing, checkpointed_blocks, resolve_blocks
+
+from . import route_models
 
 peft = pytest.importorskip("peft")
 pytest.importorskip("transformers")
@@ -20,6 +23,16 @@ flux = pytest.importorskip("ac_core_adapters.models.flux")
 LLAMA_TARGETS = ["q_proj", "v_proj", "down_proj"]
 FLUX_TARGETS = ["to_q", "to_k", "to_v", "proj_out"]
 
+# (factory, adapter serving it, checkpointed blocks): the curated models and the library route's.
+LMS = [
+    pytest.param(llama.tiny_llama_for_causal_lm, "llama", 3, id="llama"),
+    pytest.param(route_models.tiny_qwen3_for_causal_lm, "transformers-route", 3, id="qwen3-route"),
+]
+DITS = [
+    pytest.param(flux.tiny_flux, "flux", 6, id="flux"),
+    pytest.param(route_models.tiny_qwen_image, "diffusers-route", 3, id="qwen_image-route"),
+]
+
 
 def _llama_lora(model: nn.Module) -> nn.Module:
     config = peft.LoraConfig(
@@ -29,7 +42,7 @@ def _llama_lora(model: nn.Module) -> nn.Module:
     return peft.get_peft_model(model, config)
 
 
-def _flux_lora(model: nn.Module) -> nn.Module:
+def _flux_lora(model: Any) -> nn.Module:
     # diffusers' own peft integration: LoRA layers injected into the model, no wrapper.
     torch.manual_seed(1)
     model.add_adapter(peft.LoraConfig(r=4, lora_alpha=8, target_modules=FLUX_TARGETS, init_lora_weights=False))
@@ -42,8 +55,17 @@ def _flux_peft_model(model: nn.Module) -> nn.Module:
     return peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=FLUX_TARGETS, init_lora_weights=False))
 
 
-def _run(make: Callable, lora: Callable, ac_core_when: str | None, policy: str = "ops") -> tuple:
-    """Loss, LoRA gradients and PEFT state-dict keys of one step; ac-core applied "before"/"after" LoRA or not."""
+def _run(
+    make: Callable[[], ModelCase],
+    lora: Callable,
+    ac_core_when: str | None,
+    policy: str = "ops",
+    *,
+    adapter: str = "",
+    blocks: int = 0,
+) -> tuple:
+    """Loss, LoRA gradients and PEFT state-dict keys of one step; ac-core applied "before"/"after" LoRA or not, and
+    then served by ``adapter``, checkpointing ``blocks`` blocks."""
     case = make()
     model = case.model
     if ac_core_when == "before":
@@ -57,7 +79,9 @@ def _run(make: Callable, lora: Callable, ac_core_when: str | None, policy: str =
     assert grads and all("lora_" in n for n in grads)
     keys = sorted(peft.get_peft_model_state_dict(model))
     if ac_core_when is not None:
-        assert len(checkpointed_blocks(model)) == (6 if make is flux.tiny_flux else 3)
+        resolved = resolve_blocks(model)
+        assert resolved.adapter is not None and resolved.adapter.name == adapter
+        assert len(checkpointed_blocks(model)) == blocks
     return loss.detach(), grads, keys
 
 
@@ -71,26 +95,32 @@ def _assert_same(got: tuple, expected: tuple) -> None:
 
 @pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize("policy", ["ops", "full"])
-def test_llama_lora(when, policy):
-    expected = _run(llama.tiny_llama_for_causal_lm, _llama_lora, None)
-    got = _run(llama.tiny_llama_for_causal_lm, _llama_lora, when, policy)
+@pytest.mark.parametrize(("make", "adapter", "blocks"), LMS)
+def test_causal_lm_lora(make, adapter, blocks, when, policy):
+    expected = _run(make, _llama_lora, None)
+    got = _run(make, _llama_lora, when, policy, adapter=adapter, blocks=blocks)
     _assert_same(got, expected)
     assert any(key.startswith("base_model.model.model.layers.0.") for key in got[2])
 
 
 @pytest.mark.parametrize("lora", [_flux_lora, _flux_peft_model], ids=["add_adapter", "get_peft_model"])
 @pytest.mark.parametrize("when", ["before", "after"])
-def test_flux_lora(lora, when):
-    expected = _run(flux.tiny_flux, lora, None)
-    got = _run(flux.tiny_flux, lora, when)
+@pytest.mark.parametrize(("make", "adapter", "blocks"), DITS)
+def test_diffusers_lora(make, adapter, blocks, lora, when):
+    expected = _run(make, lora, None)
+    got = _run(make, lora, when, adapter=adapter, blocks=blocks)
     _assert_same(got, expected)
 
 
-def test_llama_lora_after_ac_core_names_blocks_by_the_peft_models_fqns():
-    case = llama.tiny_llama_for_causal_lm()
+@pytest.mark.parametrize(("make", "adapter", "blocks"), LMS)
+def test_causal_lm_lora_after_ac_core_names_blocks_by_the_peft_models_fqns(make, adapter, blocks):
+    case = make()
     model = _llama_lora(case.model)
     apply_activation_checkpointing(model, "ops")
-    assert list(checkpointed_blocks(model)) == [f"base_model.model.model.layers.{i}" for i in range(3)]
+    assert list(checkpointed_blocks(model)) == [f"base_model.model.model.layers.{i}" for i in range(blocks)]
+    assert resolve_blocks(model).source == (
+        "adapter 'llama'" if adapter == "llama" else "the transformers library route"
+    )
     # The KV-cache guard reaches the model inside the wrapper: generation keeps its cache.
     with torch.no_grad():
         output = model(input_ids=case.inputs["input_ids"])

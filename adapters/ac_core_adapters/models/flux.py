@@ -96,22 +96,37 @@ def _grid_ids(height: int, width: int) -> torch.Tensor:
     return torch.stack([torch.zeros(height * width), rows.flatten(), cols.flatten()], dim=1).float()
 
 
-def preset_flux1_dev(*, layers: int = 4, seq: int | None = None) -> ModelCase:
-    """FLUX.1-dev: ``layers`` double-stream and ``layers`` single-stream blocks at its width (24 heads of 128,
-    MLP ratio 4), guidance embedding on, float32 on CPU.
+def preset_flux1_dev(
+    *,
+    layers: int = 4,
+    seq: int | None = None,
+    grid: tuple[int, int, int] | None = None,
+    single_layers: int | None = None,
+) -> ModelCase:
+    """FLUX.1-dev: ``layers`` double-stream and ``single_layers`` (default ``layers``) single-stream blocks at its
+    width (24 heads of 128, MLP ratio 4), guidance embedding on, float32 on CPU.
 
-    ``seq`` image tokens (default 4096: a 1024x1024 image is 128x128 latents, packed 2x2) form the
-    ``h x w`` grid with ``h = floor(sqrt(seq))`` and ``w = seq // h``; 512 text tokens of width 4096.
+    ``grid`` is the image as (1, height, width) in tokens, exactly; without it, ``seq`` image tokens (default 4096:
+    a 1024x1024 image is 128x128 latents, packed 2x2) form the ``h x w`` grid with ``h = floor(sqrt(seq))`` and
+    ``w = seq // h``. 512 text tokens of width 4096.
     """
     from diffusers import FluxTransformer2DModel
 
-    seq = 4096 if seq is None else seq
-    if seq < 1:
-        raise ValueError(f"seq must be a positive token count, got {seq}")
-    height = math.isqrt(seq)
-    width = seq // height
+    if grid is not None:
+        if seq is not None:
+            raise ValueError(f"give seq or grid, not both: seq={seq}, grid={grid}")
+        if len(grid) != 3 or grid[0] != 1 or not all(type(n) is int and n >= 1 for n in grid):
+            raise ValueError(f"grid must be (1, height, width) in tokens (an image: one frame), got {grid!r}")
+        height, width = grid[1], grid[2]
+    else:
+        seq = 4096 if seq is None else seq
+        if seq < 1:
+            raise ValueError(f"seq must be a positive token count, got {seq}")
+        height = math.isqrt(seq)
+        width = seq // height
+    singles = layers if single_layers is None else single_layers
     return make_case(
-        lambda: FluxTransformer2DModel(guidance_embeds=True, num_layers=layers, num_single_layers=layers),
+        lambda: FluxTransformer2DModel(guidance_embeds=True, num_layers=layers, num_single_layers=singles),
         lambda: {
             "hidden_states": torch.randn(1, height * width, 64),
             "encoder_hidden_states": torch.randn(1, 512, 4096),

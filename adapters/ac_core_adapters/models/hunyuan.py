@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ac_core import ModelCase
-from ac_core.libraries.diffusers import sample_loss, video_token_grid
+from ac_core.libraries.diffusers import preset_token_grid, sample_loss
 from ac_core.testing import make_case
 
 _TINY: dict[str, Any] = {
@@ -114,19 +114,27 @@ def tiny_framepack() -> ModelCase:
     )
 
 
-def preset_hunyuan_video(*, layers: int = 4, seq: int | None = None) -> ModelCase:
-    """HunyuanVideo: ``layers`` double-stream and ``layers`` single-stream blocks at its width (24 heads of 128,
-    MLP ratio 4), the 2 refiner blocks, float32 on CPU.
+def preset_hunyuan_video(
+    *,
+    layers: int = 4,
+    seq: int | None = None,
+    grid: tuple[int, int, int] | None = None,
+    single_layers: int | None = None,
+) -> ModelCase:
+    """HunyuanVideo: ``layers`` double-stream and ``single_layers`` (default ``layers``) single-stream blocks at its
+    width (24 heads of 128, MLP ratio 4), the 2 refiner blocks, float32 on CPU.
 
-    ``seq`` video tokens (default 6240 = 4 latent frames of 480x832, as the Wan presets) map to latent frames of
-    30x52 tokens (60x104 latents, 2x2 patches), or to one smaller frame near that aspect below 1560 tokens.
-    256 text tokens of width 4096, the last 56 of them padding.
+    ``grid`` is the video as (frames, height, width) in tokens, exactly (2x2 patches); without it, ``seq`` video
+    tokens (default 6240 = 4 latent frames of 480x832, as the Wan presets) map to latent frames of 30x52 tokens
+    (60x104 latents), or to one smaller frame near that aspect below 1560 tokens. 256 text tokens of width 4096,
+    the last 56 of them padding.
     """
     from diffusers import HunyuanVideoTransformer3DModel
 
-    frames, height, width = video_token_grid(6240 if seq is None else seq)
+    frames, height, width = preset_token_grid(seq, grid)
+    singles = layers if single_layers is None else single_layers
     return make_case(
-        lambda: HunyuanVideoTransformer3DModel(num_layers=layers, num_single_layers=layers),
+        lambda: HunyuanVideoTransformer3DModel(num_layers=layers, num_single_layers=singles),
         lambda: {
             "hidden_states": torch.randn(1, 16, frames, 2 * height, 2 * width),
             "timestep": torch.tensor([500]),

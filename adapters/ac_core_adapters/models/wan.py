@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ac_core import ModelCase
-from ac_core.libraries.diffusers import sample_loss, video_token_grid
+from ac_core.libraries.diffusers import preset_token_grid, sample_loss
 from ac_core.testing import make_case
 
 _TEXT_TOKENS = 512  # umT5 prompts are padded to 512 tokens
@@ -141,16 +141,19 @@ def tiny_animate_2() -> ModelCase:
     )
 
 
-def _wan_at_width(heads: int, ffn_dim: int, layers: int, seq: int | None) -> ModelCase:
+def _wan_at_width(
+    heads: int, ffn_dim: int, layers: int, seq: int | None, grid: tuple[int, int, int] | None
+) -> ModelCase:
     """``layers`` WanTransformer3DModel blocks with ``heads`` heads of 128 and FFN ``ffn_dim``, float32 on CPU.
 
-    ``seq`` video tokens (default 6240 = 4 latent frames of 480x832) map to frames of 30x52 tokens (60x104
-    latents), or to one smaller frame near that aspect below 1560 tokens; 81 frames at 480p is seq=32760
-    (21 latent frames). 512 text tokens of width 4096.
+    ``grid`` is the video as (frames, height, width) in tokens, exactly (latents of twice the height and width:
+    2x2 patches); without it, ``seq`` video tokens (default 6240 = 4 latent frames of 480x832) map to frames of
+    30x52 tokens (60x104 latents), or to one smaller frame near that aspect below 1560 tokens; 81 frames at 480p
+    is seq=32760 (21 latent frames). 512 text tokens of width 4096.
     """
     from diffusers import WanTransformer3DModel
 
-    frames, height, width = video_token_grid(6240 if seq is None else seq)
+    frames, height, width = preset_token_grid(seq, grid)
     return make_case(
         lambda: WanTransformer3DModel(
             num_attention_heads=heads,
@@ -171,14 +174,18 @@ def _wan_at_width(heads: int, ffn_dim: int, layers: int, seq: int | None) -> Mod
     )
 
 
-def preset_wan21_1_3b(*, layers: int = 4, seq: int | None = None) -> ModelCase:
-    """Wan2.1-1.3B: ``layers`` blocks at its width (12 heads of 128, FFN 8960), ``seq`` video tokens (default 6240)."""
-    return _wan_at_width(12, 8960, layers, seq)
+def preset_wan21_1_3b(
+    *, layers: int = 4, seq: int | None = None, grid: tuple[int, int, int] | None = None
+) -> ModelCase:
+    """Wan2.1-1.3B: ``layers`` blocks at its width (12 heads of 128, FFN 8960), ``seq`` video tokens (default 6240)
+    or a (frames, height, width) token ``grid``."""
+    return _wan_at_width(12, 8960, layers, seq, grid)
 
 
-def preset_wan21_14b(*, layers: int = 4, seq: int | None = None) -> ModelCase:
-    """Wan2.1-14B: ``layers`` blocks at its width (40 heads of 128, FFN 13824), ``seq`` video tokens (default 6240)."""
-    return _wan_at_width(40, 13824, layers, seq)
+def preset_wan21_14b(*, layers: int = 4, seq: int | None = None, grid: tuple[int, int, int] | None = None) -> ModelCase:
+    """Wan2.1-14B: ``layers`` blocks at its width (40 heads of 128, FFN 13824), ``seq`` video tokens (default 6240)
+    or a (frames, height, width) token ``grid``."""
+    return _wan_at_width(40, 13824, layers, seq, grid)
 
 
 def token_count(model: nn.Module, inputs: Mapping[str, Any]) -> int:

@@ -109,6 +109,11 @@ def preferred_retainable_backend(subject: Subject, device: str) -> str:
     )
 
 
+def _relative(fqn: str, served_path: str) -> str:
+    """A block's path in the model its adapter serves (``attention_calls`` names blocks there)."""
+    return fqn[len(served_path) + 1 :] if served_path else fqn
+
+
 def _calls_per_block(subject: Subject, backend: AttentionBackend, device: str) -> tuple[dict[str, int], int]:
     """Kernel calls of ``backend`` per declared block in one plain forward, checked against attention_calls.
 
@@ -124,7 +129,10 @@ def _calls_per_block(subject: Subject, backend: AttentionBackend, device: str) -
     with torch.no_grad(), OpCounter() as ran, attribute_ops(blocks, lambda op: op_matches(op, backend.ops)) as counts:
         case.run()
     per_block = {fqn: counts.get(fqn, 0) for fqn in blocks}
-    declared_calls = {fqn: subject.model.calls_of(type(b).__name__, index[fqn]) for fqn, b in blocks.items()}
+    declared_calls = {
+        fqn: subject.model.calls_of(type(b).__name__, index[fqn], _relative(fqn, resolved.served_path))
+        for fqn, b in blocks.items()
+    }
     if not any(per_block.values()) and any(declared_calls.values()):
         # Nothing declared ran at all: the op names are wrong, not the counts (or the switch did not take).
         seen = sorted(op for op in ran.forward if is_attention_like(op))

@@ -26,6 +26,10 @@ class Target:
     def ref(self) -> str:
         return f"{self.module}:{self.class_name}"
 
+    def load(self) -> type:
+        """The class, imported."""
+        return getattr(importlib.import_module(self.module), self.class_name)
+
 
 def _diffusers_targets() -> list[Target]:
     # Every ModelMixin defined in diffusers.models.transformers: the package the library files its transformers in.

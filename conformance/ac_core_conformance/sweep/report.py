@@ -101,10 +101,11 @@ def _attention(row: ClassResult) -> str:
 
 
 def _note(row: ClassResult) -> str:
+    declared = [f"built as declared in ac_core.libraries.class_builds ({row.declared})"] if row.declared else []
     if not row.proven:
-        return row.reason
+        return "; ".join([row.reason, *declared])
     skipped = [f"{o.check} not run: {o.detail}" for o in row.checks if o.status == "skipped"]
-    return "; ".join(skipped)
+    return "; ".join([*declared, *skipped])
 
 
 def render_section(record: SweepRecord) -> str:

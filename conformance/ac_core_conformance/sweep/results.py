@@ -29,6 +29,7 @@ class ClassResult:
     containers: dict[str, int] = field(default_factory=dict)  # container path -> blocks in the tiny model
     attention: dict[str, Any] = field(default_factory=dict)  # block class -> attention calls per block
     checks: list[Outcome] = field(default_factory=list)
+    declared: str = ""  # why the class's build is declared in ac_core.libraries.class_builds, where it is
     seconds: float = 0.0
 
     @property

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from ac_core.libraries.class_builds import class_build
+
 from .catalog import Target
 from .checks import run_checks
 from .results import CRASHED, FAILED, NOT_BUILT, PROVEN, REFUSED, TIMED_OUT, ClassResult
@@ -33,6 +35,8 @@ def sweep_one(target: Target) -> ClassResult:
     """Build ``target`` tiny and run the light conformance on it, in this process."""
     start = time.perf_counter()
     row = ClassResult(target.library, target.name, target.class_name, PROVEN)
+    build = class_build(target.load())
+    row.declared = build.why if build is not None else ""
     try:
         subject = tiny_subject(target)
     except NotBuilt as exc:

@@ -8,7 +8,6 @@ hold it to what it ran.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -73,18 +72,28 @@ def _attention_calls(adapter: AdapterSpec, model: nn.Module, inputs: Mapping[str
     # which kernel runs and how often.
     with attribute_ops(blocks, lambda op: op_matches(op, ops)) as counts:
         model(**inputs)
-    by_class: dict[str, dict[int, int]] = {}
+    by_class: dict[str, list[tuple[int, str, int]]] = {}
     for block in resolved:
-        by_class.setdefault(block.class_name, {})[block.index] = counts.get(block.path, 0)
-    return {
-        cls: next(iter(set(calls.values()))) if len(set(calls.values())) == 1 else calls
-        for cls, calls in by_class.items()
-    }
+        by_class.setdefault(block.class_name, []).append((block.index, block.path, counts.get(block.path, 0)))
+    return {cls: _per_block(found) for cls, found in by_class.items()}
+
+
+def _per_block(found: list[tuple[int, str, int]]) -> int | dict[Any, int]:
+    """One class's calls as ``attention_calls`` takes them: one count, else by index, else by path where blocks
+    at one index of different containers differ (BriaFibo2's refiner and its text-injecting layers)."""
+    if len({calls for _, _, calls in found}) == 1:
+        return found[0][2]
+    by_index: dict[int, set[int]] = {}
+    for index, _, calls in found:
+        by_index.setdefault(index, set()).add(calls)
+    if all(len(calls) == 1 for calls in by_index.values()):
+        return {index: calls.pop() for index, calls in by_index.items()}
+    return {path: calls for _, path, calls in found}
 
 
 def tiny_subject(target: Target) -> Subject:
     """``target`` as a Subject ready for the checks; :class:`NotBuilt` or :class:`Refused` where it cannot be."""
-    cls = getattr(importlib.import_module(target.module), target.class_name)
+    cls = target.load()
     config_class = _config_class(target)
     try:
         config = derived_config(cls, config_class)

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from .checkpoint_plan import CheckpointPlan, PlannedBlock
 from .memory_budget import MemoryBudget
-from .planner import plan_activation_checkpointing, plan_from_profile
+from .planner import plan_from_profile
+from .planning import plan_activation_checkpointing
 from .policy import Budget
+from .predict import StepPeak, predict_step
 from .profile import BlockProfile, ModelProfile, OpOccurrence, profile_model
 from .solve import solve
 from .step import StepProfile, profile_step
+from .step_budget import StepBudget
 
 __all__ = [
     "BlockProfile",
@@ -22,9 +25,12 @@ __all__ = [
     "ModelProfile",
     "OpOccurrence",
     "PlannedBlock",
+    "StepBudget",
+    "StepPeak",
     "StepProfile",
     "plan_activation_checkpointing",
     "plan_from_profile",
+    "predict_step",
     "profile_model",
     "profile_step",
     "solve",

@@ -184,3 +184,23 @@ def isolated(model: nn.Module, inputs: Any = ()) -> Iterator[CopyOnWrite]:
         for module, training in flags:
             module.training = training
         _set_rng_states(rng)
+
+
+@contextmanager
+def without_kv_cache(model: nn.Module) -> Iterator[None]:
+    """Forwards run with ``use_cache=False`` by default (transformers' configs), as ac-core runs forwards with
+    gradients under checkpointing (:func:`~ac_core.libraries.transformers.train_without_kv_cache`): a KV cache
+    made in the step would hold keys and values a plan's forward does not, and a block run alone would write
+    into the cache of the call it was taken from."""
+    configs: dict[int, Any] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "use_cache", None) is True:
+            configs[id(config)] = config
+    for config in configs.values():
+        config.use_cache = False
+    try:
+        yield
+    finally:
+        for config in configs.values():
+            config.use_cache = True

@@ -16,6 +16,7 @@ from ..offload import OffloadConfig
 from ..policies import BlockDecision, BlockMode, PolicyConfig
 from .plan_table import plan_table
 from .profile import Signature
+from .step_budget import StepBudget
 
 _FORMAT = 3  # 2: offload; 3: the containers of a plan made with blocks=; earlier files still load
 # What a plan records of its offload settings (OffloadConfig fields); the rest are fixed (see .offload_cost.recorded).
@@ -27,7 +28,9 @@ class PlannedBlock(BlockDecision):
     """One block of a plan: its :class:`~ac_core.BlockDecision` (``mode`` and, for ``ops``, ``keep``: (op name,
     occurrence) pairs), its class, the input signature it was planned at, and the predicted bytes it holds and
     FLOPs it recomputes; ``offload``: whether the inputs its checkpoint saves go to the host, ``host_bytes`` of
-    them (a tensor several blocks save counted at the first)."""
+    them (a tensor several blocks save counted at the first). On the plan's device (None: planned without one),
+    ``recompute_seconds``: its recompute's predicted time, and ``offload_seconds``: its offload's exposed host-link
+    time (see :func:`~ac_core.budget.solve.offload_seconds`)."""
 
     class_name: str
     inputs: Signature
@@ -35,6 +38,8 @@ class PlannedBlock(BlockDecision):
     recompute_flops: int
     offload: bool = False
     host_bytes: int = 0
+    recompute_seconds: float | None = None
+    offload_seconds: float = 0.0
 
 
 def _plain(value: Any) -> Any:
@@ -54,6 +59,9 @@ class CheckpointPlan(PolicyConfig):
     device and up to ``window_bytes`` of them are back on it at times (copies in flight, prefetched).
     ``containers``: the block containers' FQNs where ``blocks=`` named them (None: the adapter's), so that
     ``apply_activation_checkpointing(model, plan)`` and ``ac_core.compile(model, plan)`` need no ``blocks=``.
+    ``cost``: what the knapsack minimised (``"time"`` or ``"flops"``); ``device``: the device name its seconds
+    are predicted on (None: none known); ``none_seconds``: the predicted forward and backward time of the blocks
+    unchecked (see :func:`~ac_core.budget.solve.none_step_seconds`).
     """
 
     model_class: str = ""
@@ -67,6 +75,10 @@ class CheckpointPlan(PolicyConfig):
     freed_bytes: int = 0
     window_bytes: int = 0
     containers: tuple[str, ...] | None = None
+    cost: str = "flops"
+    device: str | None = None
+    none_seconds: float | None = None
+    step_budget: StepBudget | None = None  # planned for a whole step's peak (see ac_core.predict_step)
     name: ClassVar[str] = "plan"
 
     def __post_init__(self) -> None:
@@ -128,6 +140,27 @@ class CheckpointPlan(PolicyConfig):
         return sum(b.recompute_flops for b in self.blocks)
 
     @property
+    def recompute_seconds(self) -> float | None:
+        """Predicted seconds of the plan's recompute on its device (None: planned without one)."""
+        if self.device is None:
+            return None
+        return sum(b.recompute_seconds or 0.0 for b in self.blocks)
+
+    @property
+    def offload_seconds(self) -> float:
+        """Predicted host-link seconds offload leaves exposed."""
+        return sum(b.offload_seconds for b in self.blocks)
+
+    @property
+    def overhead(self) -> float | None:
+        """Predicted step-time overhead over ``none``: the seconds recompute and offload add, over
+        ``none_seconds``."""
+        recompute = self.recompute_seconds
+        if recompute is None or not self.none_seconds:
+            return None
+        return (recompute + self.offload_seconds) / self.none_seconds
+
+    @property
     def fingerprint(self) -> str:
         """A short hash of the model class, block layout and input shapes the plan is for."""
         key = json.dumps([self.model_class, [(b.path, b.class_name, b.inputs) for b in self.blocks], self.inputs])
@@ -149,6 +182,10 @@ class CheckpointPlan(PolicyConfig):
                 "freed_bytes": self.freed_bytes,
                 "window_bytes": self.window_bytes,
                 "containers": self.containers,
+                "cost": self.cost,
+                "device": self.device,
+                "none_seconds": self.none_seconds,
+                "step_budget": None if self.step_budget is None else self.step_budget.to_dict(),
                 "blocks": [
                     {
                         "path": b.path,
@@ -160,6 +197,8 @@ class CheckpointPlan(PolicyConfig):
                         "recompute_flops": b.recompute_flops,
                         "offload": b.offload,
                         "host_bytes": b.host_bytes,
+                        "recompute_seconds": b.recompute_seconds,
+                        "offload_seconds": b.offload_seconds,
                     }
                     for b in self.blocks
                 ],
@@ -189,6 +228,8 @@ class CheckpointPlan(PolicyConfig):
                     recompute_flops=b["recompute_flops"],
                     offload=b.get("offload", False),
                     host_bytes=b.get("host_bytes", 0),
+                    recompute_seconds=b.get("recompute_seconds"),
+                    offload_seconds=b.get("offload_seconds", 0.0),
                 )
                 for b in data["blocks"]
             ),
@@ -201,6 +242,10 @@ class CheckpointPlan(PolicyConfig):
             freed_bytes=data.get("freed_bytes", 0),
             window_bytes=data.get("window_bytes", 0),
             containers=None if containers is None else tuple(containers),
+            cost=data.get("cost", "flops"),
+            device=data.get("device"),
+            none_seconds=data.get("none_seconds"),
+            step_budget=None if data.get("step_budget") is None else StepBudget.from_dict(data["step_budget"]),
         )
         if data.get("fingerprint") not in (None, plan.fingerprint):
             raise ValueError("checkpoint plan JSON was edited: its fingerprint does not match its contents")

@@ -2,33 +2,68 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Sequence
-from typing import Any
 
+import torch
 from torch import nn
 
-from ..blocks import ModelBlocks, resolve_blocks
+from ..blocks import ModelBlocks
 from ..offload import OffloadConfig
 from ..policies import BlockMode
-from ..spec import AdapterSpec
 from ..units import human_bytes
 from .checkpoint_plan import CheckpointPlan, PlannedBlock
+from .devices import Device, calibration_path, device_for
+from .devices import device as named_device
 from .memory_budget import MemoryBudget
 from .offload_cost import Moved, OffloadCost, offload_request, recorded
-from .profile import ModelProfile, profile_model
-from .solve import Choice, solve
+from .profile import ModelProfile
+from .solve import Choice, Cost, none_step_seconds, solve
 
 logger = logging.getLogger("ac_core")
 
 
-def plan_blocks(
-    blocks: ModelBlocks, example_inputs: Any, memory_budget: MemoryBudget, offload: bool | OffloadConfig | None
-) -> CheckpointPlan:
-    """The plan for ``memory_budget`` on resolved ``blocks`` (what the policies' handlers call)."""
-    offload_request(offload)  # a bad offload= fails before the model runs
-    profile = profile_model(blocks, example_inputs)
-    return plan_from_profile(profile, memory_budget, offload=offload, containers=named_containers(blocks))
+DeviceLike = Device | str | torch.device
+
+
+def resolve_device(device: DeviceLike) -> Device:
+    """A :class:`~.devices.Device` from its name in the device table (``"h100"``), ``"cpu"`` (its calibration,
+    else measured now), or a torch device (a CUDA device by its name)."""
+    if isinstance(device, Device):
+        return device
+    if isinstance(device, str) and not device.strip().lower().startswith("cuda"):
+        return named_device(device)
+    return device_for(device)
+
+
+def default_device(model: nn.Module) -> Device | None:
+    """The device of ``model``'s parameters where its figures are known without measuring: a CUDA device in the
+    table, or the CPU once ``ac-core calibrate`` wrote its figures. Else None (``meta``, a CPU never calibrated:
+    measuring would take seconds and vary from run to run, so the plan would too)."""
+    first = next(itertools.chain(model.parameters(), model.buffers()), None)
+    where = first.device if first is not None else torch.device("cpu")
+    known = (where.type == "cuda" and torch.cuda.is_available()) or (
+        where.type == "cpu" and calibration_path().exists()
+    )
+    if not known:
+        return None
+    try:
+        return device_for(where)
+    except ValueError as exc:
+        logger.info("ac-core: no device figures for %s (%s): the plan is costed in FLOPs", where, exc)
+        return None
+
+
+def _costing(cost: Cost | None, device: Device | None) -> Cost:
+    """The cost the knapsack minimises: ``cost``, else time where a device is known and FLOPs where not."""
+    if cost not in (None, "time", "flops"):
+        raise ValueError(f'cost takes "time" or "flops", not {cost!r}')
+    if cost == "time" and device is None:
+        raise ValueError(
+            'cost="time" needs a device to predict seconds on: pass device= (a name such as "h100", "cpu" '
+            'after `ac-core calibrate`), or cost="flops"'
+        )
+    return cost or ("time" if device is not None else "flops")
 
 
 def named_containers(blocks: ModelBlocks) -> tuple[str, ...] | None:
@@ -51,11 +86,19 @@ def plan_from_profile(
     *,
     offload: bool | OffloadConfig | None = None,
     containers: tuple[str, ...] | None = None,
+    cost: Cost | None = None,
+    device: DeviceLike | None = None,
+    quiet: bool = False,
 ) -> CheckpointPlan:
     """The plan for ``memory_budget`` from a model's profile (:func:`~ac_core.budget.profile_model`): profile
     once, plan at several budgets (what ``ac-core bench --policy budget`` does). ``containers``: those
-    ``blocks=`` named (see :func:`named_containers`), recorded in the plan."""
+    ``blocks=`` named (see :func:`named_containers`), recorded in the plan. ``cost`` and ``device`` as for
+    :func:`plan_activation_checkpointing`, but a profile does not know its model's device: without ``device``
+    the plan is costed in FLOPs. ``quiet``: no warning for a budget at or above what ``none`` holds (a caller
+    that derived the budget says it in its own terms)."""
     memory_budget = MemoryBudget.of(memory_budget)
+    where = resolve_device(device) if device is not None else None
+    cost = _costing(cost, where)
     config = offload_request(offload)
     model = OffloadCost(profile.saved_inputs, config) if config is not None else None
     budget = memory_budget.bytes_of(profile.none_bytes)
@@ -69,16 +112,17 @@ def plan_from_profile(
             f"kept but block inputs{routing}{moved} ('none' holds {profile.none_bytes} bytes)"
         )
     if budget >= profile.none_bytes:
-        logger.warning(
-            "ac-core: memory_budget=%r (%d bytes) is at or above what 'none' holds for backward (%d bytes): "
-            "the plan checkpoints no block",
-            memory_budget.given,
-            budget,
-            profile.none_bytes,
-        )
+        if not quiet:
+            logger.warning(
+                "ac-core: memory_budget=%r (%d bytes) is at or above what 'none' holds for backward (%d bytes): "
+                "the plan checkpoints no block",
+                memory_budget.given,
+                budget,
+                profile.none_bytes,
+            )
         choices = [Choice(BlockMode.NONE, (), p.none_bytes, 0) for _, p in profile.blocks]
     else:
-        choices = solve(profile, budget, model)
+        choices = solve(profile, budget, model, cost=cost, device=where)
     moved = Moved()
     if model is not None:
         moved = model.moved([path for (path, _), c in zip(profile.blocks, choices, strict=True) if c.offload])
@@ -95,6 +139,8 @@ def plan_from_profile(
                 recompute_flops=c.recompute_flops,
                 offload=c.offload,
                 host_bytes=moved.host.get(path, 0) if c.offload else 0,
+                recompute_seconds=c.recompute_seconds if where is not None else None,
+                offload_seconds=c.offload_seconds,
             )
             for (path, p), c in zip(profile.blocks, choices, strict=True)
         ),
@@ -107,43 +153,7 @@ def plan_from_profile(
         freed_bytes=moved.freed,
         window_bytes=moved.window,
         containers=containers,
+        cost=cost,
+        device=where.name if where is not None else None,
+        none_seconds=none_step_seconds(profile, where) if where is not None else None,
     )
-
-
-def plan_activation_checkpointing(
-    model: nn.Module,
-    example_inputs: Any,
-    memory_budget: MemoryBudget | float | int | str,
-    *,
-    adapter: AdapterSpec | str | None = None,
-    blocks: Sequence[str] | None = None,
-    offload: bool | OffloadConfig | None = None,
-) -> CheckpointPlan:
-    """The plan with the least recompute FLOPs whose bytes held for backward stay within ``memory_budget``.
-
-    ``example_inputs``: one forward's inputs (a dict of keyword arguments, a tuple of positional ones, or a
-    tensor), real, on ``meta`` or fake: the plan is made from shapes, FLOPs and bytes. ``memory_budget``: a
-    fraction of what ``none`` holds (a float, 0 < f <= 1), bytes (an int) or a size string (``"40GiB"``). A
-    budget below the least possible is an error naming it in bytes; one at or above ``none`` plans no
-    checkpointing (and says so). Blocks come from the adapter or ``blocks=``, as for the fixed policies.
-
-    ``offload=True`` (or an :class:`~ac_core.OffloadConfig`, for its ``min_bytes``, ``max_inflight_bytes``,
-    ``prefetch_bytes`` and ``keep_on_device``) lets the plan move checkpointed blocks' saved inputs to host memory,
-    before it recomputes more; the budget then counts the device bytes offload keeps in flight and prefetched.
-    Planning needs no GPU (plan on ``meta`` for a cluster); running an offloading plan needs the model on CUDA,
-    and raises otherwise. The rest of the model's saved tensors stay on the device. Such a plan brings its own
-    offload: apply it without ``offload=`` (which would replace it and move more than planned).
-
-    Planning runs forwards of its own (the whole model unchecked, each distinct block alone, every block
-    checkpointed) and leaves no trace on real tensors: around each, the CPU and CUDA RNG states are taken and put
-    back; a dispatch mode copies a parameter or example input the first time an op writes into it and writes the
-    copy back; buffers are copied up front and written back where their values changed (BatchNorm's statistics);
-    replaced buffers and ``training`` flags are put back; the forward hooks and pre-hooks of user code (on the
-    model's modules and global) are silenced, while torch's (FSDP2's unshard), ac-core's and the model
-    libraries' run. All of it on error too. A block that changes its input in place is refused (it cannot be
-    checkpointed), naming it, the argument and the op; any other failure in a planning forward names the block
-    and the op. To plan from your own training step (its forward context, its loss), see
-    :func:`~ac_core.profile_step`.
-    """
-    parsed = MemoryBudget.of(memory_budget)  # a bad budget fails before the blocks are resolved
-    return plan_blocks(resolve_blocks(model, adapter, blocks), example_inputs, parsed, offload)

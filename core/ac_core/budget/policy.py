@@ -27,8 +27,9 @@ from .checkpoint_plan import CheckpointPlan
 from .graph_route import check_solver, plan_decisions, refuse_offload, torch_budget
 from .memory_budget import MemoryBudget
 from .offload_cost import offload_request
-from .planner import plan_blocks
+from .planning import plan_blocks
 from .profile import Signature
+from .step_budget import StepBudget, refuse_step_offload
 
 logger = logging.getLogger("ac_core")
 
@@ -37,15 +38,16 @@ logger = logging.getLogger("ac_core")
 class Budget(PolicyConfig):
     """Plan for ``memory_budget`` at ``example_inputs`` and apply it (see :func:`plan_activation_checkpointing`):
     planning inside ``apply_activation_checkpointing`` leaves the model, the inputs, the RNG and the hooks as they
-    were, as planning does. ``memory_budget`` is kept parsed, as a :class:`MemoryBudget`."""
+    were, as planning does. ``memory_budget`` is kept parsed, as a :class:`MemoryBudget`, or a
+    :class:`~ac_core.StepBudget` as given (the whole step's peak; without offload)."""
 
     @property
-    def budget(self) -> MemoryBudget:
+    def budget(self) -> MemoryBudget | StepBudget:
         """The parsed ``memory_budget``."""
-        assert isinstance(self.memory_budget, MemoryBudget)  # parsed in __post_init__
+        assert isinstance(self.memory_budget, MemoryBudget | StepBudget)  # parsed in __post_init__
         return self.memory_budget
 
-    memory_budget: MemoryBudget | float | int | str | None = None
+    memory_budget: MemoryBudget | StepBudget | float | int | str | None = None
     example_inputs: Any = field(default=None, compare=False, repr=False)
     offload: bool | OffloadConfig | None = None
     name: ClassVar[str] = "budget"
@@ -53,7 +55,10 @@ class Budget(PolicyConfig):
     def __post_init__(self) -> None:
         if self.memory_budget is None:
             raise ValueError("Budget needs memory_budget: a fraction of 'none' (0.5), bytes, or a size ('40GiB')")
-        object.__setattr__(self, "memory_budget", MemoryBudget.of(self.memory_budget))
+        if isinstance(self.memory_budget, StepBudget):
+            refuse_step_offload(self.offload)
+        else:
+            object.__setattr__(self, "memory_budget", MemoryBudget.of(self.memory_budget))
         if self.example_inputs is None:
             raise ValueError("Budget needs example_inputs=: one forward's inputs (a dict, a tensor or a tuple)")
         offload_request(self.offload)
@@ -80,7 +85,9 @@ def _budget_on_the_graph(config: Budget, request: GraphRequest) -> GraphDecision
     refuse_offload(bool(config.offload))
     plan = plan_blocks(request.blocks(), config.example_inputs, config.budget, None)
     if request.solver == "torch":
-        return torch_budget(config.budget, plan)
+        # torch's budget is a fraction of 'none': a step budget's is the held bytes the plan was left.
+        held = config.budget if isinstance(config.budget, MemoryBudget) else MemoryBudget.of(plan.budget_bytes)
+        return torch_budget(held, plan)
     logger.info("ac-core: budget plan for the compiled route\n%s", plan)
     return plan_decisions(plan, request)
 

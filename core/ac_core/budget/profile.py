@@ -18,13 +18,14 @@ naming the block (path and class) and the op that raised.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
@@ -43,6 +44,10 @@ from ..ops import ROUTING_OPS
 from ..policies.modes import BlockMode
 from ._isolation import CopyOnWrite, isolated, written
 from .offload_cost import InputRecorder, SavedInputs
+from .roofline import op_time
+
+if TYPE_CHECKING:
+    from .devices import Device
 
 # One tensor argument of a block: (argument, shape, dtype). The argument is its position ("0") or keyword name,
 # with a pytree path suffix for tensors inside containers ("rotary[1]").
@@ -72,12 +77,18 @@ def describe_signature(sig: Signature) -> str:
 @dataclass(frozen=True)
 class OpOccurrence:
     """One op call in a block's forward: ``op`` (``"aten::addmm"``), its ``index`` among calls of that op, the
-    bytes its output storages take (what keeping it holds for backward) and its FLOPs (what recomputing it costs)."""
+    bytes its output storages take (what keeping it holds for backward) and its FLOPs (what recomputing it costs).
+
+    ``bytes_moved``: the storages it reads (its tensor arguments) plus those it writes (new outputs, in-place
+    targets), each storage counted once per side; none for a view. ``dtype``: its first floating output's
+    (``"bfloat16"``), ``None`` without one. With the FLOPs they give its roofline time (:mod:`.roofline`)."""
 
     op: str
     index: int
     nbytes: int
     flops: int
+    bytes_moved: int = 0
+    dtype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,9 @@ class BlockProfile:
     place (``h.mul_(s)`` after the matmul making ``h``: a kept output must stay the op's output), and which run
     before the block first lets tensor values decide its shapes or control flow (see :class:`_ValueReads`).
     ``routing``: the recomputed occurrences of :data:`~ac_core.ops.ROUTING_OPS`, which every plan keeps.
+    ``recomputed``: every occurrence recomputing it whole runs, timed by :meth:`recompute_seconds`.
+    ``timed_candidates``: the candidates and the keepable ops without FLOPs (a GELU, a norm: memory-bound), worth
+    keeping where recompute is costed in time. ``forward``: every op call of its forward, in order.
     """
 
     class_name: str
@@ -102,6 +116,13 @@ class BlockProfile:
     candidates: tuple[OpOccurrence, ...]
     calls: int = 1  # per forward; the figures above are for all of them
     routing: tuple[OpOccurrence, ...] = ()
+    recomputed: tuple[OpOccurrence, ...] = ()  # every op recompute_flops sums
+    timed_candidates: tuple[OpOccurrence, ...] = ()
+    forward: tuple[OpOccurrence, ...] = ()
+
+    def recompute_seconds(self, device: Device) -> float:
+        """Predicted seconds of checkpointing it whole on ``device``: the roofline times of the ops it recomputes."""
+        return sum(op_time(op, device).seconds for op in self.recomputed)
 
     @property
     def routing_bytes(self) -> int:
@@ -171,10 +192,11 @@ def _decides_shapes(func: Any, args: tuple) -> bool:
 
 
 class _OpRecorder(TorchDispatchMode):
-    """Per op call: name, occurrence, FLOPs (read off the flop counter below it) and bytes of new storages; and
-    which calls' outputs a later op changes in place (``mutated``, by position in ``ops``), which a selective
-    checkpoint cannot keep (the kept value would no longer be the op's output); and ``values_decide``: the
-    position of the first call after which tensor values, not shapes, may decide what the block runs."""
+    """Per op call: name, occurrence, FLOPs (read off the flop counter below it), bytes of new storages, bytes
+    moved and dtype; and which calls' outputs a later op changes in place (``mutated``, by position in ``ops``),
+    which a selective checkpoint cannot keep (the kept value would no longer be the op's output); and
+    ``values_decide``: the position of the first call after which tensor values, not shapes, may decide what the
+    block runs."""
 
     def __init__(self, counter: GlobalFlopCounter) -> None:
         super().__init__()
@@ -205,8 +227,26 @@ class _OpRecorder(TorchDispatchMode):
         made = {ref.cdata: ref for ref in new_storages(func, out)}
         self.made_by |= dict.fromkeys(made, len(self.ops))
         nbytes = sum(live_nbytes(ref) for ref in made.values())
-        self.ops.append(OpOccurrence(name, index, nbytes, self.counter.get_total_flops() - before))
+        flops = self.counter.get_total_flops() - before
+        moved = _moved(func, args, kwargs, made.values())
+        self.ops.append(OpOccurrence(name, index, nbytes, flops, moved, _float_dtype(out)))
         return out
+
+
+def _moved(func: Any, args: tuple, kwargs: dict, made: Iterable[StorageWeakRef]) -> int:
+    """Bytes an op call moves: the storages of its tensor arguments (read) plus those it makes or changes in place
+    (written), each once per side; a view moves nothing."""
+    if getattr(func, "is_view", False):
+        return 0
+    reads = {storage_ref(t).cdata: t.untyped_storage().nbytes() for t in plain_tensors((args, kwargs))}
+    writes = {ref.cdata: live_nbytes(ref) for ref in made}
+    writes |= {storage_ref(t).cdata: t.untyped_storage().nbytes() for t in written(func, args, kwargs)}
+    return sum(reads.values()) + sum(writes.values())
+
+
+def _float_dtype(out: Any) -> str | None:
+    first = next((t for t in plain_tensors(out) if t.is_floating_point()), None)
+    return None if first is None else str(first.dtype).removeprefix("torch.")
 
 
 # Tensor methods that hand a tensor's values to Python (``.tolist()`` reaches no dispatcher op).
@@ -439,7 +479,22 @@ def _profile_block(run: Callable[[], Any], class_name: str, key: ProfileKey) -> 
         recompute_flops=sum(op.flops for op in recomputed),
         candidates=tuple(op for op in keepable if op.flops > 0 and op.nbytes > 0),
         routing=tuple(routing),
+        recomputed=tuple(recomputed),
+        timed_candidates=tuple(op for op in keepable if op.nbytes > 0),
+        forward=tuple(recorder.ops),
     )
+
+
+def _never_called(resolved: ModelBlocks, ran: Mapping[str, object]) -> str:
+    """The error for blocks the example forward never called (a multimodal model given text only), with the
+    ``blocks=[...]`` that leaves their containers out."""
+    missing = [b.path for b in resolved if b.path not in ran]
+    idle = [c.path for c in resolved.containers if any(b.path not in ran for b in c.blocks)]
+    busy = [c.path for c in resolved.containers if c.path not in idle]
+    fix = "plan with inputs that run them"
+    if busy:
+        fix += f", or leave {', '.join(idle)} out of the plan with blocks={busy!r}"
+    return f"the forward on example_inputs never called block(s) {missing}; {fix}"
 
 
 def profile_model(resolved: ModelBlocks, example_inputs: Any) -> ModelProfile:
@@ -490,11 +545,8 @@ def profile_model(resolved: ModelBlocks, example_inputs: Any) -> ModelProfile:
     # Alive when the forward began (the caller's inputs, parameters) or still held at its end: not extra. Freed
     # by then: made in the forward and dropped, which a checkpointed block would keep.
     freed_inputs = sum(nbytes for ref, nbytes in block_inputs.values() if ref.expired())
-    missing = [b.path for b in blocks if b.path not in keys]
-    if missing:
-        raise ValueError(
-            f"the forward on example_inputs never called block(s) {missing}; plan with inputs that run them"
-        )
+    if any(b.path not in keys for b in blocks):
+        raise ValueError(_never_called(resolved, keys))
 
     profiles: dict[ProfileKey, BlockProfile] = {}
     by_path = {b.path: b for b in blocks}
@@ -531,11 +583,17 @@ def _per_forward(profile: BlockProfile, calls: int) -> BlockProfile:
         candidates=_times(profile.candidates, calls),
         calls=calls,
         routing=_times(profile.routing, calls),
+        recomputed=_times(profile.recomputed, calls),
+        timed_candidates=_times(profile.timed_candidates, calls),
+        forward=_times(profile.forward, calls),
     )
 
 
 def _times(ops: tuple[OpOccurrence, ...], calls: int) -> tuple[OpOccurrence, ...]:
-    return tuple(OpOccurrence(op.op, op.index, calls * op.nbytes, calls * op.flops) for op in ops)
+    return tuple(
+        dataclasses.replace(op, nbytes=calls * op.nbytes, flops=calls * op.flops, bytes_moved=calls * op.bytes_moved)
+        for op in ops
+    )
 
 
 def _held_all_full(resolved: ModelBlocks, example_inputs: Any) -> tuple[int, SavedInputs]:

@@ -25,21 +25,33 @@ Offload (where allowed) moves checkpointed blocks' saved inputs to the host (see
 so for each layout every checkpointed block that can offloads, where that frees more device bytes than
 offload's window keeps, and the room it leaves goes to kept ops. Then the best layout offloads only as many
 blocks, the first first, as its recompute needs: copies cost transfer time, and backward needs those last.
+
+The cost is recompute FLOPs (``cost="flops"``) or predicted seconds on a :class:`~.devices.Device`
+(``cost="time"``): each op occurrence's roofline (:mod:`.roofline`), so that a memory-bound op without FLOPs (a
+GELU, a norm) is worth keeping too (``BlockProfile.timed_candidates``), and keeping an op saves its own seconds.
+Priced in time, offload costs the host-link time it leaves exposed (:func:`offload_seconds`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from torch._functorch._activation_checkpointing.knapsack import dp_knapsack
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ..offload import OffloadConfig
 from ..policies import BlockMode
+from .devices import Device
 from .offload_cost import Moved, OffloadCost
 from .profile import BlockProfile, ModelProfile, OpOccurrence
+from .roofline import op_time, transfer_seconds
+
+Cost = Literal["time", "flops"]
 
 # torch's dp_knapsack quantises memory to 1/_SCALE of the capacity.
 _SCALE = 10000
@@ -49,40 +61,92 @@ _MAX_COMBINATIONS = 256
 
 @dataclass(frozen=True)
 class Choice:
-    """One block's part of a plan: ``mode`` none/full/ops, the kept occurrences, what it holds and recomputes."""
+    """One block's part of a plan: ``mode`` none/full/ops, the kept occurrences, what it holds and recomputes;
+    with a device, its predicted ``recompute_seconds`` and the host-link seconds its offload leaves exposed."""
 
     mode: BlockMode
     keep: tuple[tuple[str, int], ...]
     held_bytes: int
     recompute_flops: int
     offload: bool = False  # its saved inputs go to the host
+    recompute_seconds: float = 0.0
+    offload_seconds: float = 0.0
 
 
-def _knapsack(items: list[OpOccurrence], capacity: int) -> list[int]:
-    """Indices of ``items`` to keep: most FLOPs saved with total bytes <= ``capacity``."""
+def _knapsack(items: Sequence[OpOccurrence], values: Sequence[float], capacity: int) -> list[int]:
+    """Indices of ``items`` to keep: most ``values`` saved with total bytes <= ``capacity``."""
     if not items or capacity <= 0:
         return []
     unit = capacity / _SCALE
     quantised = [min(_SCALE + 1, math.ceil(op.nbytes / unit)) for op in items]
-    top = max(op.flops for op in items)
+    top = max(values)
     with _disable_current_modes():  # planned under FakeTensorMode, dp_knapsack's own tensors must be real
-        _, saved, _ = dp_knapsack([q / _SCALE for q in quantised], [op.flops / top for op in items], 1.0)
+        _, saved, _ = dp_knapsack([q / _SCALE for q in quantised], [v / top for v in values], 1.0)
     chosen = set(saved)
     # Fill what rounding up left, on exact bytes, best ratio first (ties by position).
     used = sum(items[i].nbytes for i in chosen)
-    for i in sorted(range(len(items)), key=lambda i: (-items[i].flops / items[i].nbytes, i)):
+    for i in sorted(range(len(items)), key=lambda i: (-values[i] / items[i].nbytes, i)):
         if i not in chosen and used + items[i].nbytes <= capacity:
             chosen.add(i)
             used += items[i].nbytes
     return sorted(chosen)
 
 
-def _checkpointed(profile: BlockProfile, kept: list[OpOccurrence], offload: bool) -> Choice:
+def _seconds(ops: Iterable[OpOccurrence], device: Device) -> float:
+    return sum(op_time(op, device).seconds for op in ops)
+
+
+def _checkpointed(profile: BlockProfile, kept: list[OpOccurrence], offload: bool, device: Device | None) -> Choice:
     kept = [*kept, *profile.routing]
     keep = tuple(sorted((op.op, op.index) for op in kept))
     saved = sum(op.flops for op in kept)
     flops = max(0, profile.recompute_flops - saved)
-    return Choice(BlockMode.OPS if keep else BlockMode.FULL, keep, sum(op.nbytes for op in kept), flops, offload)
+    # Summed over what stays recomputed, not subtracted: keeping every op then predicts exactly 0 s.
+    kept_set = set(keep)
+    rest = (op for op in profile.recomputed if (op.op, op.index) not in kept_set)
+    seconds = _seconds(rest, device) if device is not None else 0.0
+    mode = BlockMode.OPS if keep else BlockMode.FULL
+    return Choice(mode, keep, sum(op.nbytes for op in kept), flops, offload, seconds)
+
+
+def forward_seconds(profile: BlockProfile, device: Device) -> float:
+    """Predicted seconds of a block's forward on ``device``: the roofline of every op it runs."""
+    return _seconds(profile.forward, device)
+
+
+def none_step_seconds(profile: ModelProfile, device: Device) -> float:
+    """Predicted seconds of the blocks' forward and backward unchecked (``none``): each block's forward
+    roofline, and its backward estimated at twice that (a matmul's backward runs two matmuls of its size; an
+    elementwise op's reads and writes about twice its bytes). Ops outside the blocks are not profiled, so not
+    counted."""
+    return 3 * sum(forward_seconds(p, device) for _, p in profile.blocks)
+
+
+def offload_seconds(
+    profile: ModelProfile, host: dict[str, int], device: Device, config: OffloadConfig
+) -> dict[str, float]:
+    """Per offloaded block (``host``: bytes it sends, from :meth:`.OffloadCost.moved`), the host-link seconds
+    left exposed. Offload copies on side streams beside compute (:mod:`ac_core.offload`): a block's inputs,
+    saved as it starts, go to the host while it runs its forward, but compute waits for what is past
+    ``max_inflight_bytes`` in flight; they come back prefetched (up to ``prefetch_bytes``) while backward runs the
+    next block's (predicted at twice its forward; nothing after the last block), the rest on demand. Each way
+    costs its waited-for part whole and what the rest takes beyond the compute beside it."""
+    paths = [path for path, _ in profile.blocks]
+    forward = {path: forward_seconds(p, device) for path, p in profile.blocks}
+    exposed = {}
+    for path, nbytes in host.items():
+        i = paths.index(path)
+        behind = 2 * forward[paths[i + 1]] if i + 1 < len(paths) else 0.0
+        out = _exposed(nbytes, config.max_inflight_bytes, forward[path], device)
+        exposed[path] = out + _exposed(nbytes, config.prefetch_bytes, behind, device)
+    return exposed
+
+
+def _exposed(nbytes: int, overlapped: int, beside: float, device: Device) -> float:
+    """Seconds a copy of ``nbytes`` stalls compute when up to ``overlapped`` of them run beside ``beside``
+    seconds of compute and the rest is waited for."""
+    hidden = min(nbytes, overlapped)
+    return transfer_seconds(nbytes - hidden, device) + max(0.0, transfer_seconds(hidden, device) - beside)
 
 
 def _counts(size: int, limit: int) -> list[int]:
@@ -91,19 +155,43 @@ def _counts(size: int, limit: int) -> list[int]:
     return sorted({round(i * size / (limit - 1)) for i in range(limit)})
 
 
-def _flops(choices: list[Choice]) -> int:
-    return sum(c.recompute_flops for c in choices)
-
-
 class _Problem:
-    """One profile, budget and offload model: what a set of choices holds, and the best fill of a layout."""
+    """One profile, budget, offload model and cost: what a set of choices holds and costs, and the best fill of a
+    layout."""
 
-    def __init__(self, profile: ModelProfile, budget_bytes: int, offload: OffloadCost | None) -> None:
+    def __init__(
+        self,
+        profile: ModelProfile,
+        budget_bytes: int,
+        offload: OffloadCost | None,
+        cost: Cost,
+        device: Device | None,
+    ) -> None:
         self.profile = profile
         self.paths = [path for path, _ in profile.blocks]
         self.blocks = [p for _, p in profile.blocks]
         self.budget = budget_bytes
         self.offload = offload
+        self.cost = cost
+        self.device = device
+        self.items = [self._items(p) for p in self.blocks]
+
+    def _items(self, block: BlockProfile) -> tuple[list[OpOccurrence], list[float]]:
+        """``block``'s knapsack items and what keeping each saves, in this problem's cost."""
+        if self.cost == "flops":
+            return list(block.candidates), [op.flops for op in block.candidates]
+        assert self.device is not None
+        timed = [(op, op_time(op, self.device).seconds) for op in block.timed_candidates]
+        timed = [(op, seconds) for op, seconds in timed if seconds > 0]
+        return [op for op, _ in timed], [seconds for _, seconds in timed]
+
+    def total(self, choices: list[Choice]) -> float:
+        if self.cost == "flops":
+            return sum(c.recompute_flops for c in choices)
+        return sum(c.recompute_seconds + c.offload_seconds for c in choices)
+
+    def keep_all_bytes(self, i: int) -> int:
+        return sum(op.nbytes for op in self.items[i][0]) + self.blocks[i].routing_bytes
 
     def moved(self, offloaded: Iterable[int]) -> Moved:
         chosen = [self.paths[i] for i in offloaded]
@@ -123,31 +211,59 @@ class _Problem:
         room += self.moved(offloaded).gain
         if room < 0:
             return None
-        items = [(i, op) for i, p in enumerate(blocks) if i not in unchecked for op in p.candidates]
+        items: list[tuple[int, OpOccurrence]] = []
+        values: list[float] = []
+        for i, (ops, saved) in enumerate(self.items):
+            if i not in unchecked:
+                items += [(i, op) for op in ops]
+                values += saved
         by_block: dict[int, list[OpOccurrence]] = {}
-        for index in _knapsack([op for _, op in items], room):
+        for index in _knapsack([op for _, op in items], values, room):
             by_block.setdefault(items[index][0], []).append(items[index][1])
-        return [
+        choices = [
             Choice(BlockMode.NONE, (), p.none_bytes, 0)
             if i in unchecked
-            else _checkpointed(p, by_block.get(i, []), offload=i in offloaded)
+            else _checkpointed(p, by_block.get(i, []), i in offloaded, self.device)
             for i, p in enumerate(blocks)
+        ]
+        return self.priced(choices)
+
+    def priced(self, choices: list[Choice]) -> list[Choice]:
+        """``choices`` with the exposed host-link seconds of their offload, where a device prices it."""
+        offloaded = [i for i, c in enumerate(choices) if c.offload]
+        if self.device is None or not offloaded:
+            return choices
+        assert self.offload is not None  # only an offload model offloads
+        exposed = offload_seconds(self.profile, self.moved(offloaded).host, self.device, self.offload.config)
+        return [
+            dataclasses.replace(c, offload_seconds=exposed.get(path, 0.0)) if c.offload else c
+            for path, c in zip(self.paths, choices, strict=True)
         ]
 
 
-def solve(profile: ModelProfile, budget_bytes: int, offload: OffloadCost | None = None) -> list[Choice]:
-    """Each block's choice (in ``profile.blocks`` order) holding at most ``budget_bytes`` in all, least recompute;
-    with ``offload``, checkpointed blocks' inputs go to the host where that leaves room to keep more."""
-    problem = _Problem(profile, budget_bytes, offload)
+def solve(
+    profile: ModelProfile,
+    budget_bytes: int,
+    offload: OffloadCost | None = None,
+    *,
+    cost: Cost = "flops",
+    device: Device | None = None,
+) -> list[Choice]:
+    """Each block's choice (in ``profile.blocks`` order) holding at most ``budget_bytes`` in all, least recompute
+    in ``cost`` (``"time"`` needs ``device``; with one, choices carry predicted seconds either way); with
+    ``offload``, checkpointed blocks' inputs go to the host where that leaves room to keep more."""
+    if cost == "time" and device is None:
+        raise ValueError('cost="time" needs a device to predict seconds on')
+    problem = _Problem(profile, budget_bytes, offload, cost, device)
     blocks = problem.blocks
     movable = [i for i, path in enumerate(problem.paths) if offload is not None and path in offload.blocks]
     groups: dict[tuple[str, tuple, int], list[int]] = {}
     for i, p in enumerate(blocks):
         groups.setdefault((p.class_name, p.signature, p.calls), []).append(i)
     # Only where none holds less than keeping everything keepable can leaving a block unchecked pay.
-    open_groups = [g for g in groups.values() if blocks[g[0]].none_bytes < blocks[g[0]].keep_all_bytes]
+    open_groups = [g for g in groups.values() if blocks[g[0]].none_bytes < problem.keep_all_bytes(g[0])]
     per_group = max(2, int(_MAX_COMBINATIONS ** (1 / len(open_groups)))) if open_groups else 1
-    best: tuple[tuple[int, int], set[int], list[int], list[Choice]] | None = None
+    best: tuple[tuple[float, int], set[int], list[int], list[Choice]] | None = None
     for counts in itertools.product(*(_counts(len(g), per_group) for g in open_groups)):
         unchecked = {i for g, k in zip(open_groups, counts, strict=True) for i in g[len(g) - k :]}
         # Offload costs no recompute: every checkpointed block's inputs go, where that saves bytes at all.
@@ -157,22 +273,23 @@ def solve(profile: ModelProfile, budget_bytes: int, offload: OffloadCost | None 
         choices = problem.fill(unchecked, offloaded)
         if choices is None:
             continue
-        score = (_flops(choices), problem.device_bytes(choices))
+        score = (problem.total(choices), problem.device_bytes(choices))
         if best is None or score < best[0]:
             best = (score, unchecked, offloaded, choices)
     assert best is not None, "budget below the least a plan holds; checked by the caller"
-    (flops, _), unchecked, offloaded, choices = best
+    (least, _), unchecked, offloaded, choices = best
     # Then offload no more than that recompute needs: the first blocks' inputs first, which backward needs last.
     for count in range(len(offloaded)):
         fewer = problem.fill(unchecked, offloaded[:count])
-        if fewer is not None and _flops(fewer) <= flops:
+        if fewer is not None and problem.total(fewer) <= least:
             choices = fewer
             break
-    # A block keeping every keepable op recomputes no FLOPs; unchecked it recomputes nothing at all (not even the
-    # ops without FLOPs), so leave it unchecked where the budget allows.
+    # Unchecked, a block recomputes nothing at all (not even the ops without FLOPs), so leave it unchecked where
+    # the budget allows: costed in FLOPs, where it keeps every keepable op (it recomputes no FLOPs); in time,
+    # wherever (what it still recomputes costs seconds).
     for i, (c, p) in enumerate(zip(choices, blocks, strict=True)):
-        if c.mode != BlockMode.NONE and c.recompute_flops == 0:
-            trial = [*choices[:i], Choice(BlockMode.NONE, (), p.none_bytes, 0), *choices[i + 1 :]]
+        if c.mode != BlockMode.NONE and (cost == "time" or c.recompute_flops == 0):
+            trial = problem.priced([*choices[:i], Choice(BlockMode.NONE, (), p.none_bytes, 0), *choices[i + 1 :]])
             if problem.device_bytes(trial) <= budget_bytes:
                 choices = trial
     return choices

@@ -13,6 +13,8 @@ it runs instead, with no second forward of the whole model:
   pre-hook on its first call, so inside the user's context (autocast, a forward context, FSDP's unsharded
   weights), on copies of its inputs, :func:`~._isolation.isolated` (RNG, buffers, parameters put back, the user's
   hooks silenced) and under no dispatch mode of the step (neither ours nor the user's sees it).
+- For a :class:`~ac_core.StepBudget`: each distinct block alone once more, forward and backward, unchecked and
+  checkpointed, for backward's transient (see :mod:`.predict`), and the model's inputs' and output's bytes.
 - The least any plan holds (``min_bytes``) without a forward with every block checkpointed: each storage is noted
   with whether a block's forward made it. Made outside every block, or a block's input or output: held under
   every plan. Made inside a block and neither: the block's own, which checkpointing it whole frees. Block inputs
@@ -30,7 +32,7 @@ import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -42,6 +44,7 @@ from ..libraries.checkpointing import FLAG
 from ..measure.memory import live_nbytes, new_storages, plain_tensors, storage_ref
 from ..offload import OffloadConfig
 from ..spec import AdapterSpec
+from ._isolation import without_kv_cache
 from .checkpoint_plan import CheckpointPlan
 from .offload_cost import SavedInputs
 from .planner import named_containers, plan_from_profile
@@ -55,6 +58,10 @@ from .profile import (
     profile_alone,
     signature,
 )
+from .step_budget import StepBudget
+
+if TYPE_CHECKING:
+    from .predict import BlockBackward
 
 
 class _Made:
@@ -104,6 +111,9 @@ class StepProfile:
         self._profiles: dict[ProfileKey, BlockProfile] = {}
         self._calls: dict[str, int] = defaultdict(int)
         self._figures: tuple[int, int, int] | None = None  # bytes: none, kept by every plan, block inputs freed
+        self._backward: dict[ProfileKey, BlockBackward] = {}  # each distinct block's, for a StepBudget
+        self._input_bytes = 0
+        self._output_bytes = 0
         self._stack = ExitStack()
 
     def __enter__(self) -> StepProfile:
@@ -114,7 +124,7 @@ class StepProfile:
         stack = self._stack
         try:
             stack.enter_context(_unchecked([*model.modules()]))
-            stack.enter_context(_without_kv_cache(model))
+            stack.enter_context(without_kv_cache(model))
             switched = [m for m in model.modules() if getattr(m, FLAG, False) is True]
             for module in switched:
                 setattr(module, FLAG, False)
@@ -146,12 +156,15 @@ class StepProfile:
         if self._recording and torch.is_grad_enabled():
             if self._inputs is None:
                 self._inputs = signature(args, kwargs)
+                self._input_bytes = _bytes((args, kwargs))
             self._mark((args, kwargs), "excluded")
 
     def _root_left(self, module: nn.Module, args: tuple, output: Any) -> None:
         self._root_depth -= 1
         if self._recording:
             self._mark(output, "excluded")
+            if self._root_depth == 0:
+                self._output_bytes = _bytes(output)
 
     def _entering(self, block: Block) -> Callable[[nn.Module, tuple, dict[str, Any]], None]:
         def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
@@ -188,8 +201,13 @@ class StepProfile:
         # The block's own pre-hooks ran (FSDP's unshard among them): its forward runs, not its hooks again.
         self._rerunning = True
         try:
-            with _disable_current_modes():  # no mode of the step sees the extra run: ours, the user's
-                return profile_alone(self.resolved, block, block.module.forward, key, args, kwargs)
+            from .predict import block_backward  # .predict imports this module
+
+            with _disable_current_modes():  # no mode of the step sees the extra runs: ours, the user's
+                forward = block.module.forward
+                profile = profile_alone(self.resolved, block, forward, key, args, kwargs)
+                self._backward[key] = block_backward(self.resolved, block.module, args, kwargs, forward)
+                return profile
         finally:
             self._rerunning = False
 
@@ -269,9 +287,14 @@ class StepProfile:
             saved_inputs=SavedInputs(),
         )
 
-    def plan(self, memory_budget: float | int | str, *, offload: bool | OffloadConfig | None = None) -> CheckpointPlan:
+    def plan(
+        self, memory_budget: float | int | str | StepBudget, *, offload: bool | OffloadConfig | None = None
+    ) -> CheckpointPlan:
         """The plan for ``memory_budget`` (as :func:`~ac_core.plan_activation_checkpointing` takes it) from this
         step; apply it with ``apply_activation_checkpointing(model, plan)``. Plan at several budgets from one step.
+
+        A :class:`~ac_core.StepBudget` counts the step's own loss, which the step ran before backward, in what
+        it holds (its ``loss`` callable is not run), and the model's output, inputs and states as measured here.
 
         ``offload`` is refused: which checkpointed blocks' inputs moving to the host frees memory is seen in a
         forward with every block checkpointed, which a profiled step does not run; plan offload with
@@ -283,27 +306,15 @@ class StepProfile:
                 "memory needs a forward with every block checkpointed, which the step does not run; plan offload "
                 "with ac_core.plan_activation_checkpointing(model, example_inputs, budget, offload=...)"
             )
-        return plan_from_profile(self.profile, memory_budget, containers=named_containers(self.resolved))
+        containers = named_containers(self.resolved)
+        if isinstance(memory_budget, StepBudget):
+            from .predict import facts_of, plan_for_step  # .predict imports this module
 
-
-@contextmanager
-def _without_kv_cache(model: nn.Module) -> Iterator[None]:
-    """Forwards run with ``use_cache=False`` by default (transformers' configs), as ac-core runs forwards with
-    gradients under checkpointing (:func:`~ac_core.libraries.transformers.train_without_kv_cache`): a KV cache
-    made in the step would hold keys and values a plan's forward does not, and a block run alone would write
-    into the cache of the call it was taken from."""
-    configs: dict[int, Any] = {}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if getattr(config, "use_cache", None) is True:
-            configs[id(config)] = config
-    for config in configs.values():
-        config.use_cache = False
-    try:
-        yield
-    finally:
-        for config in configs.values():
-            config.use_cache = True
+            profile = self.profile  # first: it names what the step lacks
+            backward = {b.path: self._backward[self._keys[b.path]] for b in self.resolved}
+            facts = facts_of(self.resolved, memory_budget, backward, self._input_bytes, self._output_bytes)
+            return plan_for_step(profile, facts, memory_budget, containers)
+        return plan_from_profile(self.profile, memory_budget, containers=containers)
 
 
 def _kv_cache(args: tuple, kwargs: dict[str, Any]) -> str | None:
@@ -312,6 +323,11 @@ def _kv_cache(args: tuple, kwargs: dict[str, Any]) -> str | None:
         if any(c.__name__ == "Cache" and c.__module__.startswith("transformers.") for c in type(value).__mro__):
             return name
     return None
+
+
+def _bytes(value: Any) -> int:
+    refs = {ref.cdata: ref for ref in map(storage_ref, plain_tensors(value))}
+    return sum(live_nbytes(ref) for ref in refs.values())
 
 
 def _switch_on(modules: list[nn.Module]) -> None:

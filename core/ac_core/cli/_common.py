@@ -200,12 +200,15 @@ def models_for(adapter: AdapterSpec, preset: str) -> list[ModelSpec]:
     return [m for m in adapter.models if preset in m.presets]
 
 
-def build_case(model: ModelSpec, preset: str, *, layers: int | None = None, seq: int | None = None) -> ModelCase:
-    """A seeded ModelCase of ``model`` at ``preset`` (tiny: its fixed config; else ``layers`` blocks at ``seq``)."""
+def build_case(
+    model: ModelSpec, preset: str, *, layers: int | None = None, seq: int | None = None, **extra: Any
+) -> ModelCase:
+    """A seeded ModelCase of ``model`` at ``preset`` (tiny: its fixed config; else ``layers`` blocks at ``seq``,
+    with the preset's ``extra`` keyword options: ``grid``, ``single_layers``)."""
     torch.manual_seed(0)
     if preset == TINY:
         return model.build_tiny()
-    options: dict[str, Any] = {"seq": seq}
+    options: dict[str, Any] = {"seq": seq, **extra}
     if layers is not None:
         options["layers"] = layers
     return model.preset(preset)(**options)

@@ -3,6 +3,10 @@
 The model and its inputs are built under ``torch.device("meta")``: nothing is allocated, so a model far larger
 than this machine's memory (Wan2.1-14B, 40 blocks, 81 frames of 720p) is planned from shapes, FLOPs and bytes.
 The per-block table is printed; ``--json`` writes the plan, which ``CheckpointPlan.from_json`` loads back.
+``--frames/--height/--width`` give the sequence as a video in pixels (the model's VAE and patch factors turn it
+into tokens) and ``--cp`` divides it over context-parallel ranks. ``--memory``/``--gpu`` with ``--fsdp`` and
+``--optimizer`` plan for a :class:`~ac_core.StepBudget` (a whole step's peak on one rank) instead of ``--budget``:
+the peak's parts are printed, and what an eighth less and more memory would cost.
 ``--offload`` lets the plan move checkpointed blocks' inputs to host memory (offload's default settings), as a
 GPU run of the plan does.
 """
@@ -10,14 +14,23 @@ GPU run of the plan does.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import logging
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..budget import CheckpointPlan, MemoryBudget, plan_activation_checkpointing
+from ..budget.devices import device as named_device
+from ..budget.predict import FITS_NONE, predict_step
+from ..budget.step_budget import OPTIMIZERS, StepBudget
+from ..policies import BlockMode
 from ..spec import AdapterSpec, ModelCase, ModelSpec
+from ..units import human_bytes
 from ._common import (
     DTYPES,
     CLIError,
@@ -27,10 +40,12 @@ from ._common import (
     library_notices_silenced,
     missing_library,
     models_for,
+    positive,
     presets_of,
     select_adapters,
     stdout,
 )
+from .geometry import add_geometry_arguments, rank_tokens
 
 DEVICES = ("meta", "cpu")
 
@@ -51,6 +66,59 @@ def budget_value(text: str) -> MemoryBudget:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def memory_value(text: str) -> int | str:
+    """``--memory``: one rank's memory as bytes (``85899345920``) or a size (``80GiB``); not a fraction."""
+    bare = text.strip()
+    if not bare.isdigit() and bare.replace(".", "", 1).isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: one rank's memory in bytes or a size such as 80GiB; a fraction of 'none' is --budget's"
+        )
+    value: int | str = int(bare) if bare.isdigit() else text
+    try:
+        MemoryBudget.of(value)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("memory_budget=", "")) from None
+    return value
+
+
+def step_budget(args: argparse.Namespace) -> StepBudget | None:
+    """The step budget ``--memory``/``--gpu``/``--fsdp``/``--cp``/``--optimizer`` ask for, None where ``--budget``
+    gives a budget of bytes held for backward; CLIError naming the flags where they do not go together."""
+    step_only = [f for f, v in (("--fsdp", args.fsdp), ("--optimizer", args.optimizer)) if v is not None]
+    if args.budget is not None:
+        if args.memory is not None:
+            raise CLIError(
+                "--budget (bytes held for backward) and --memory (a whole step's peak on one rank) are two budgets: "
+                "give one"
+            )
+        if step_only:
+            raise CLIError(
+                f"{' and '.join(step_only)}: only for a step budget; give --memory or --gpu (its memory) "
+                "instead of --budget"
+            )
+        return None
+    if args.memory is None and args.gpu is None:
+        raise CLIError(
+            "give --memory (a whole step's peak on one rank, e.g. 80GiB) or --gpu (its memory), or --budget "
+            "(bytes held for backward: 0.5 of what 'none' holds, or a size)"
+        )
+    try:
+        return StepBudget(
+            args.memory, device=args.gpu, fsdp=args.fsdp or 1, cp=args.cp, optimizer=args.optimizer or "adamw"
+        )
+    except (TypeError, ValueError) as exc:
+        raise CLIError(str(exc)) from None
+
+
+def _check_gpu(name: str | None) -> None:
+    if name is None:
+        return
+    try:
+        named_device(name)
+    except ValueError as exc:
+        raise CLIError(f"--gpu: {exc}") from None
+
+
 def _model(adapter: AdapterSpec, preset: str, name: str | None) -> ModelSpec:
     models = models_for(adapter, preset)
     if not models:
@@ -68,22 +136,45 @@ def _model(adapter: AdapterSpec, preset: str, name: str | None) -> ModelSpec:
 
 
 def build_planned_case(
-    model: ModelSpec, preset: str, *, layers: int | None, seq: int | None, device: str, dtype: torch.dtype
+    model: ModelSpec,
+    preset: str,
+    *,
+    layers: int | None,
+    seq: int | None,
+    device: str,
+    dtype: torch.dtype,
+    grid: tuple[int, int, int] | None = None,
+    depth: Mapping[str, int] | None = None,
 ) -> ModelCase:
-    """``model`` at ``preset``, built on ``device`` (``meta``: shapes only, nothing allocated), cast to ``dtype``."""
+    """``model`` at ``preset``, built on ``device`` (``meta``: shapes only, nothing allocated), cast to ``dtype``;
+    ``grid``: the video's (frames, height, width) in tokens instead of ``seq``; ``depth``: the preset's keyword
+    options of the real model's depth (``ModelSpec.depths``), where ``layers`` is None."""
+    options: dict[str, Any] = dict(depth) if depth is not None and layers is None else {}
+    if grid is not None:
+        options["grid"] = grid
+    layers = options.pop("layers", layers)
     with torch.device(device):
-        case = build_case(model, preset, layers=layers, seq=seq)
+        case = build_case(model, preset, layers=layers, seq=seq, **options)
     current = next((p.dtype for p in case.model.parameters() if p.is_floating_point()), dtype)
     case.to(device, dtype if dtype != current else None)
     case.model.train()
     return case
 
 
+def _plan_case(
+    case: ModelCase, adapter: AdapterSpec, budget: MemoryBudget | StepBudget | float | int | str, **options: Any
+) -> CheckpointPlan:
+    try:
+        return plan_activation_checkpointing(case.model, dict(case.inputs), budget, adapter=adapter, **options)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+
+
 def make_plan(
     adapter: AdapterSpec,
     model: ModelSpec,
     preset: str,
-    budget: float | int | str,
+    budget: MemoryBudget | StepBudget | float | int | str,
     *,
     layers: int | None = None,
     seq: int | None = None,
@@ -91,13 +182,65 @@ def make_plan(
     dtype: torch.dtype = torch.float32,
     offload: bool = False,
 ) -> CheckpointPlan:
-    """The plan of ``adapter``'s ``model`` at ``preset`` for ``budget``, planned on ``device``; with ``offload``,
-    blocks' inputs may go to host memory."""
+    """The plan of ``adapter``'s ``model`` at ``preset`` for ``budget`` (bytes held for backward, or a
+    :class:`~ac_core.StepBudget`), planned on ``device``; with ``offload``, blocks' inputs may go to host memory."""
     case = build_planned_case(model, preset, layers=layers, seq=seq, device=device, dtype=dtype)
+    return _plan_case(case, adapter, budget, offload=offload)
+
+
+# The neighbouring step budgets printed beside the plan: an eighth of the memory less and more.
+_NEIGHBOURS = (7 / 8, 9 / 8)
+
+
+class _NotFitsNone(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg != FITS_NONE
+
+
+@contextmanager
+def _fits_none_unsaid() -> Iterator[None]:
+    """Within the block, the planner's "fits none's predicted peak" is not logged: said once, for the plan itself."""
+    logger = logging.getLogger("ac_core")
+    quiet = _NotFitsNone()
+    logger.addFilter(quiet)
     try:
-        return plan_activation_checkpointing(case.model, dict(case.inputs), budget, adapter=adapter, offload=offload)
-    except ValueError as exc:
-        raise CLIError(str(exc)) from None
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+def _cost(plan: CheckpointPlan) -> str:
+    if plan.overhead is not None:
+        return f"{plan.overhead:+.1%} predicted step time"
+    return f"{plan.recompute_flops:,} FLOPs recomputed"
+
+
+def _step_report(
+    case: ModelCase, adapter: AdapterSpec, plan: CheckpointPlan, budget: StepBudget, **options: Any
+) -> list[str]:
+    """The plan's predicted step peak by part, and what the step budgets an eighth below and above would cost."""
+    lines = [str(predict_step(case.model, dict(case.inputs), plan, budget, adapter=adapter))]
+    checkpointed = sum(block.mode != BlockMode.NONE for block in plan.blocks)
+    lines.append(f"fits {len(plan.blocks)} blocks, {checkpointed} checkpointed, at {_cost(plan)}")
+    for factor in _NEIGHBOURS:
+        other = dataclasses.replace(budget, memory=int(budget.nbytes * factor))
+        try:
+            with _fits_none_unsaid():
+                neighbour = _plan_case(case, adapter, other, **options)
+        except CLIError as exc:
+            lines.append(f"at {human_bytes(other.nbytes, digits=2)}: {exc}")
+            continue
+        lines.append(f"at {human_bytes(other.nbytes, digits=2)} it would need {_cost(neighbour)}")
+    return lines
+
+
+def _depth_words(preset: str, depth: Mapping[str, int] | None, plan: CheckpointPlan) -> str | None:
+    """The header's words on the depth built, ``40 blocks (wan2.1-14b's depth)``, with the options where there
+    are several; None without a depth."""
+    if depth is None:
+        return None
+    options = f": {', '.join(f'{k}={v}' for k, v in depth.items())}" if len(depth) > 1 else ""
+    return f"{len(plan.blocks)} blocks ({preset}'s depth{options})"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,22 +255,34 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None and not args.json.parent.exists():
         raise CLIError(f"cannot write {args.json}: folder {args.json.parent} does not exist")
     model = _model(adapter, args.preset, args.model)
+    tokens = rank_tokens(adapter, model, args)
+    _check_gpu(args.gpu)
+    budget = step_budget(args)
+    # A step budget counts the model states of the blocks built: without --layers, the real model's depth.
+    depth = model.depths.get(args.preset) if budget is not None and args.layers is None else None
+    options = {"offload": args.offload, "device": args.gpu}
     start = time.perf_counter()
     with library_notices_silenced({adapter.library} if adapter.library else set()):
-        plan = make_plan(
-            adapter,
+        case = build_planned_case(
             model,
             args.preset,
-            args.budget,
             layers=args.layers,
-            seq=args.seq,
+            seq=None if tokens.rank_grid is not None else tokens.per_rank,
+            grid=tokens.rank_grid,
+            depth=depth,
             device=args.device,
             dtype=DTYPES[args.dtype],
-            offload=args.offload,
         )
+        plan = _plan_case(case, adapter, args.budget if budget is None else budget, **options)
+        step = [] if budget is None else _step_report(case, adapter, plan, budget, **options)
     elapsed = time.perf_counter() - start
     console = stdout()
+    described = [text for text in (_depth_words(args.preset, depth, plan), tokens.describe()) if text is not None]
+    if described:
+        console.print(f"{model.class_name} at {args.preset}: {'; '.join(described)}", markup=False)
     console.print(str(plan), markup=False)
+    for line in step:
+        console.print(line, markup=False)
     console.print(f"planned on {args.device} in {elapsed:.1f} s")
     if args.json is not None:
         args.json.write_text(plan.to_json() + "\n")
@@ -149,14 +304,34 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("adapter", help="adapter name or module:attribute of an AdapterSpec")
     add_size_arguments(parser, "wan2.1-14b")
+    add_geometry_arguments(parser)
     parser.add_argument(
         "--model", default=None, help="model class, where the adapter has several at the preset (default: its first)"
     )
     parser.add_argument(
         "--budget",
         type=budget_value,
-        required=True,
-        help="a fraction of what 'none' holds for backward (0.5), bytes (an int), or a size such as 40GiB",
+        default=None,
+        help="bytes held for backward: a fraction of what 'none' holds (0.5), bytes (an int), or a size such as "
+        "40GiB (instead of --memory)",
+    )
+    parser.add_argument(
+        "--memory",
+        type=memory_value,
+        default=None,
+        help="a whole training step's peak on one rank, bytes or a size such as 80GiB (default with --gpu: its memory)",
+    )
+    parser.add_argument(
+        "--gpu",
+        default=None,
+        metavar="NAME",
+        help="the device the plan's time is predicted on and whose memory --memory defaults to (h100, a100, ...)",
+    )
+    parser.add_argument(
+        "--fsdp", type=positive, default=None, help="ranks FSDP shards parameters, gradients and optimizer state over"
+    )
+    parser.add_argument(
+        "--optimizer", choices=tuple(OPTIMIZERS), default=None, help="the optimizer whose state counts (adamw)"
     )
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     parser.add_argument(

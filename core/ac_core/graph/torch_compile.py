@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torch import nn
 
@@ -22,11 +22,15 @@ from ..policies import (
     graph_route_refusal,
     policy_config,
     policy_traits,
+    registered_policies,
 )
 from ..registry import find_adapter, get_adapter
 from ..spec import AdapterSpec
 from .route import GraphRoute
 from .save_ops import DEFAULT_SAC_SAVE_OPS
+
+if TYPE_CHECKING:
+    from ..budget.step_budget import StepBudget
 
 logger = logging.getLogger("ac_core")
 
@@ -135,9 +139,29 @@ def _check_dynamic_eager(config: PolicyConfig, dynamic: object) -> None:
         )
 
 
+def _step_budget(given: Any, example_inputs: Any) -> Any:
+    """A :class:`~ac_core.StepBudget` as the ``budget`` policy planning for it at ``example_inputs``; anything
+    else as given. The policy comes from the registry: the budget package sits above this one."""
+    is_policy = isinstance(given, str | CheckpointType | PolicyConfig)
+    if example_inputs is None:
+        if not is_policy:
+            raise ValueError(
+                f"ac_core.compile takes a policy (a name, a CheckpointType or a config), or a StepBudget with "
+                f"example_inputs= (one forward's: it plans first); got {given!r}"
+            )
+        return given
+    if is_policy:
+        raise ValueError(
+            "ac_core.compile's example_inputs= go with a StepBudget; for a memory budget of held bytes pass "
+            "ac_core.Budget(memory_budget, example_inputs=...)"
+        )
+    budget = cast(Any, registered_policies(every=True)["budget"])
+    return budget(given, example_inputs=example_inputs)
+
+
 def compile(
     model: nn.Module,
-    checkpointing_type: str | CheckpointType | PolicyConfig = CheckpointType.OPS,
+    checkpointing_type: str | CheckpointType | PolicyConfig | StepBudget = CheckpointType.OPS,
     n_layer: int | None = None,
     *,
     adapter: AdapterSpec | str | None = None,
@@ -147,6 +171,7 @@ def compile(
     options: dict[str, Any] | None = None,
     save_ops: Any = UNSET,
     solver: str = "ac-core",
+    example_inputs: Any = None,
     **torch_compile_kwargs: Any,
 ) -> nn.Module:
     """``torch.compile(model)`` with activation checkpointing by policy; returns the compiled model.
@@ -169,6 +194,8 @@ def compile(
     ``none`` holds (torch reads it as a fraction of what its default partition saves above the graph's inputs:
     the same number, another reference; ``ac-core compare --budget`` measures both). A policy registered with
     no graph route (a reason instead) is applied eagerly (:func:`apply_activation_checkpointing`) and compiled.
+    ``ac_core.compile(model, ac_core.StepBudget(...), example_inputs=...)`` is
+    ``Budget(StepBudget(...), example_inputs=...)``: it plans for the whole step's peak first.
 
     Eager checkpointing already on the model (ac-core's, diffusers' or transformers' own) is removed first and
     logged, so blocks are not checkpointed twice. ``backend`` is ``"inductor"`` or ``"aot_eager"``. Other
@@ -188,7 +215,7 @@ def compile(
         raise ValueError(f"options= are inductor options; backend {backend!r} takes none")
     if isinstance(retain, (str, bytes)):
         raise TypeError(f"retain takes a collection of ops, e.g. {{{retain!r}}}, not a single string")
-    config = policy_config(checkpointing_type, n_layer)
+    config = policy_config(_step_budget(checkpointing_type, example_inputs), n_layer)
     blocks = containers_for(config, adapter, blocks)  # a plan made with blocks= names its own
     if solver != "ac-core" and not policy_traits(config).budgeted:
         raise ValueError(f"solver={solver!r} chooses who solves a memory budget; pass ac_core.Budget(...) with it")

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .class_builds import class_build
+
 # Sizes of the tiny build.
 LAYERS = 2
 HEADS = 2
@@ -240,17 +242,21 @@ def transformers_config(cls: type, config_class: type | None = None) -> dict[str
 
 
 def derived_config(cls: type, config_class: type | None = None) -> dict[str, Any]:
-    """The tiny config of ``cls`` for its library; empty for a plain torch module (its defaults as they are).
+    """The tiny config of ``cls`` for its library, with the settings its ``class_builds`` entry declares; empty for
+    a plain torch module (its defaults as they are).
 
     ``config_class``: a transformers config class other than ``cls.config_class`` (one model class serves several
     model types, each with its own config class).
     """
     library = library_of(cls)
     if library == "diffusers":
-        return diffusers_config(cls)
-    if library == "transformers":
-        return transformers_config(cls, config_class)
-    return {}
+        config = diffusers_config(cls)
+    elif library == "transformers":
+        config = transformers_config(cls, config_class)
+    else:
+        config = {}
+    build = class_build(cls)
+    return {**config, **build.config} if build is not None else config
 
 
 def build_model(cls: type, config: Mapping[str, Any], config_class: type | None = None) -> nn.Module:

@@ -36,13 +36,26 @@ def is_declared_block(module: nn.Module, declared: frozenset[str]) -> bool:
     return any(c.__name__ in declared or _is_layer_base(c) for c in type(module).__mro__)
 
 
+def _holds_declared_block(child: nn.Module, declared: frozenset[str]) -> bool:
+    """Whether a container's ``child`` is a declared block, or a wrapper of one: a module with no parameters of
+    its own whose only child is one (HiDream-Image lists ``HiDreamBlock(block)``, the declared class inside)."""
+    if is_declared_block(child, declared):
+        return True
+    inner = list(child.children())
+    return (
+        len(inner) == 1
+        and not any(True for _ in child.parameters(recurse=False))
+        and (is_declared_block(inner[0], declared))
+    )
+
+
 def declared_containers(model: nn.Module, declared: frozenset[str]) -> list[str]:
-    """FQNs of the containers (ModuleList, ModuleDict, Sequential) holding a block of a ``declared`` class or a
-    decoder layer, outermost only."""
+    """FQNs of the containers (ModuleList, ModuleDict, Sequential) holding blocks of a ``declared`` class or
+    decoder layers (or wrappers of them), outermost only."""
     return outermost(
         path
         for path in module_lists(model)
-        if any(is_declared_block(child, declared) for child in model.get_submodule(path).children())
+        if any(_holds_declared_block(child, declared) for child in model.get_submodule(path).children())
     )
 
 

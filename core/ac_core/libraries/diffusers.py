@@ -173,6 +173,20 @@ def video_token_grid(seq: int, frame: tuple[int, int] = (30, 52)) -> tuple[int, 
     return frames, height, max(1, round(per_frame / height))
 
 
+def preset_token_grid(
+    seq: int | None, grid: tuple[int, int, int] | None, *, default: int = 6240
+) -> tuple[int, int, int]:
+    """A video preset's (frames, height, width) in tokens: ``grid`` exactly where given, else ``seq`` (``default``
+    where None) laid out by :func:`video_token_grid`; ValueError for both, or a grid that is not 3 ints >= 1."""
+    if grid is None:
+        return video_token_grid(default if seq is None else seq)
+    if seq is not None:
+        raise ValueError(f"give seq or grid, not both: seq={seq}, grid={grid}")
+    if len(grid) != 3 or not all(type(n) is int and n >= 1 for n in grid):
+        raise ValueError(f"grid must be (frames, height, width) in tokens, 3 ints >= 1; got {grid!r}")
+    return grid[0], grid[1], grid[2]
+
+
 _NO_OWN_CHECKPOINTING = "diffusers' own gradient checkpointing off (ac-core turns it off and says so)"
 
 

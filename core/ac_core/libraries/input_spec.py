@@ -17,8 +17,8 @@ SEQ = 8
 @dataclass(frozen=True)
 class TensorInput:
     """A tensor input, as built and as Python source: ``randn``/``zeros``/``ones`` of ``shape``, ``full`` of
-    ``shape`` with ``values[0]``, ``randint(high)`` or a fixed ``tensor`` of ``values``; ``dtype`` for ``zeros``,
-    ``ones`` and ``tensor``."""
+    ``shape`` with ``values[0]``, ``randint(high)`` or a fixed ``tensor`` of ``values`` (laid out in ``shape``
+    where one is given: a mask of text and image slots); ``dtype`` for ``zeros``, ``ones`` and ``tensor``."""
 
     kind: str
     shape: tuple[int, ...] = ()
@@ -36,7 +36,8 @@ class TensorInput:
             return torch.full(self.shape, self.values[0])
         if self.kind == "randint":
             return torch.randint(0, self.high, self.shape)
-        return torch.tensor(list(self.values), dtype=dtype)
+        values = torch.tensor(list(self.values), dtype=dtype)
+        return values.reshape(self.shape) if self.shape else values
 
     def source(self) -> str:
         shape = ", ".join(map(str, self.shape))
@@ -50,4 +51,5 @@ class TensorInput:
         if self.kind == "randint":
             return f"torch.randint(0, {self.high}, ({shape}{',' if len(self.shape) == 1 else ''}))"
         values = ", ".join(repr(v) for v in self.values)
-        return f"torch.tensor([{values}]{dtype})"
+        layout = f".reshape({shape}{',' if len(self.shape) == 1 else ''})" if self.shape else ""
+        return f"torch.tensor([{values}]{dtype}){layout}"

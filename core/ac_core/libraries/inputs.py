@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .class_builds import class_build
 from .configs import VOCAB, library_of
 from .diffusers_inputs import diffusers_candidates
 from .input_spec import BATCH, SEQ, TensorInput
@@ -29,14 +30,29 @@ class InputsError(Exception):
     """No derived input ran a forward of the model, or its output holds no tensor."""
 
 
+def _built(value: Any) -> Any:
+    if isinstance(value, TensorInput):
+        return value.build()
+    if isinstance(value, Mapping):
+        return {k: _built(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_built(v) for v in value)
+    return value
+
+
 def build_inputs(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """Forward's keyword arguments from input specs: each TensorInput built, other values as given."""
-    return {k: v.build() if isinstance(v, TensorInput) else v for k, v in spec.items()}
+    """Forward's keyword arguments from input specs: each TensorInput built (inside dicts, lists and tuples too, a
+    forward that takes a dict of conditioning tensors), other values as given."""
+    return {k: _built(v) for k, v in spec.items()}
 
 
 def _candidates(model: nn.Module) -> Iterator[dict[str, Any]]:
-    """Input specs for ``model.forward`` to try, best first."""
+    """Input specs for ``model.forward`` to try, best first: those the class's ``class_builds`` entry declares,
+    then those derived from the signature (the declared ones fit the declared config, not one given by hand)."""
     params = inspect.signature(model.forward).parameters
+    build = class_build(type(model))
+    if build is not None and build.inputs is not None:
+        yield dict(build.inputs)
     if library_of(type(model)) == "transformers":
         vocab = getattr(getattr(model, "config", None), "vocab_size", None)
         yield {"input_ids": TensorInput("randint", (BATCH, SEQ), high=vocab if isinstance(vocab, int) else VOCAB)}

@@ -175,10 +175,13 @@ def _entry(config: PolicyConfig | type[PolicyConfig]) -> _Entry:
     return entry
 
 
-def registered_policies() -> dict[str, type[PolicyConfig]]:
+def registered_policies(*, every: bool = False) -> dict[str, type[PolicyConfig]]:
     """Policy name -> config type of every policy its name builds, in registration order (``full``, ``ops``,
-    ``block_skip``, then others); those that need more than a name (``traits.from_name`` False) are left out."""
-    return {name: config_type for name, config_type in _by_name.items() if _entries[config_type].traits.from_name}
+    ``block_skip``, then others); those that need more than a name (``traits.from_name`` False: ``budget``,
+    ``plan``) are left out unless ``every``."""
+    return {
+        name: config_type for name, config_type in _by_name.items() if every or _entries[config_type].traits.from_name
+    }
 
 
 def policy_traits(config: PolicyConfig | type[PolicyConfig]) -> PolicyTraits:

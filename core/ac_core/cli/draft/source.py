@@ -13,7 +13,10 @@ from .token_source import needs_math, token_count_source
 
 
 def _py(value: Any) -> str:
-    """Python source of a config or input value, strings in double quotes (as ruff formats them)."""
+    """Python source of a config or input value (tensor specs inside containers too), strings in double quotes
+    (as ruff formats them)."""
+    if isinstance(value, TensorInput):
+        return value.source()
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, tuple):
@@ -31,8 +34,7 @@ def _inputs_source(findings: Findings) -> list[str]:
         return [f"    from {module} import {attr} as make_inputs", "", "    inputs = dict(make_inputs(model))"]
     lines = ["    inputs = {"]
     for name, value in findings.inputs.items():
-        text = value.source() if isinstance(value, TensorInput) else _py(value)
-        lines.append(f"        {_py(name)}: {text},")
+        lines.append(f"        {_py(name)}: {_py(value)},")
     return [*lines, "    }"]
 
 

@@ -79,7 +79,13 @@ def _guessed(findings: Findings) -> list[str]:
             text,
             "    return shape[0] * frames * (shape[-2] // patch) * (shape[-1] // patch) + text",
         ]
-    return [*lines, text, '    return inputs["hidden_states"].shape[:2].numel() + text']
+    # The latents by name, else the first input of batch x sequence (a protein's residues, a song's frames).
+    sequence = next(
+        (n for n, v in inputs.items() if isinstance(v, TensorInput) and len(v.shape) >= 2),
+        "hidden_states",
+    )
+    main = "hidden_states" if isinstance(hidden, TensorInput) else sequence
+    return [*lines, text, f'    return inputs["{main}"].shape[:2].numel() + text']
 
 
 def token_count_source(findings: Findings) -> list[str]:
