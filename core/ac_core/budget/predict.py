@@ -46,7 +46,8 @@ from ..op_names import op_matches
 from ..policies import BlockMode, CheckpointType, retained_ops
 from ..spec import AdapterSpec
 from ..units import human_bytes
-from ._isolation import isolated, without_kv_cache
+from ._isolation import isolated
+from ._isolation import without_kv_cache as without_kv_cache  # re-exported: the cli measures a step with it
 from .checkpoint_plan import CheckpointPlan
 from .devices import Device
 from .memory_budget import MemoryBudget

@@ -8,13 +8,15 @@ into tokens) and ``--cp`` divides it over context-parallel ranks. ``--memory``/`
 ``--optimizer`` plan for a :class:`~ac_core.StepBudget` (a whole step's peak on one rank) instead of ``--budget``:
 the peak's parts are printed, and what an eighth less and more memory would cost.
 ``--offload`` lets the plan move checkpointed blocks' inputs to host memory (offload's default settings), as a
-GPU run of the plan does.
+GPU run of the plan does. ``--measure`` (a step budget planned on real tensors) builds the preset again, applies
+the plan and measures one whole training step's peak beside the predicted one (:mod:`.plan_measure`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -26,7 +28,7 @@ import torch
 
 from ..budget import CheckpointPlan, MemoryBudget, plan_activation_checkpointing
 from ..budget.devices import device as named_device
-from ..budget.predict import FITS_NONE, predict_step
+from ..budget.predict import FITS_NONE, StepPeak, predict_step
 from ..budget.step_budget import OPTIMIZERS, StepBudget
 from ..policies import BlockMode
 from ..spec import AdapterSpec, ModelCase, ModelSpec
@@ -45,9 +47,10 @@ from ._common import (
     select_adapters,
     stdout,
 )
-from .geometry import add_geometry_arguments, rank_tokens
+from .geometry import RankTokens, add_geometry_arguments, rank_tokens
+from .plan_measure import check_measure, measure_step
 
-DEVICES = ("meta", "cpu")
+DEVICES = ("meta", "cpu", "cuda")
 
 
 def budget_value(text: str) -> MemoryBudget:
@@ -216,10 +219,11 @@ def _cost(plan: CheckpointPlan) -> str:
 
 
 def _step_report(
-    case: ModelCase, adapter: AdapterSpec, plan: CheckpointPlan, budget: StepBudget, **options: Any
+    case: ModelCase, adapter: AdapterSpec, plan: CheckpointPlan, budget: StepBudget, peak: StepPeak, **options: Any
 ) -> list[str]:
-    """The plan's predicted step peak by part, and what the step budgets an eighth below and above would cost."""
-    lines = [str(predict_step(case.model, dict(case.inputs), plan, budget, adapter=adapter))]
+    """The plan's predicted step ``peak`` by part, and what the step budgets an eighth below and above would
+    cost."""
+    lines = [str(peak)]
     checkpointed = sum(block.mode != BlockMode.NONE for block in plan.blocks)
     lines.append(f"fits {len(plan.blocks)} blocks, {checkpointed} checkpointed, at {_cost(plan)}")
     for factor in _NEIGHBOURS:
@@ -257,24 +261,24 @@ def run(args: argparse.Namespace) -> int:
     model = _model(adapter, args.preset, args.model)
     tokens = rank_tokens(adapter, model, args)
     _check_gpu(args.gpu)
+    check_measure(args)
     budget = step_budget(args)
     # A step budget counts the model states of the blocks built: without --layers, the real model's depth.
     depth = model.depths.get(args.preset) if budget is not None and args.layers is None else None
     options = {"offload": args.offload, "device": args.gpu}
+    silenced = {adapter.library} if adapter.library else set()
     start = time.perf_counter()
-    with library_notices_silenced({adapter.library} if adapter.library else set()):
-        case = build_planned_case(
-            model,
-            args.preset,
-            layers=args.layers,
-            seq=None if tokens.rank_grid is not None else tokens.per_rank,
-            grid=tokens.rank_grid,
-            depth=depth,
-            device=args.device,
-            dtype=DTYPES[args.dtype],
-        )
+    with library_notices_silenced(silenced):
+        case = _build(model, args, tokens, depth)
+        if args.measure and budget is not None:
+            # The measured step runs the preset's loss: the plan counts what it holds.
+            budget = dataclasses.replace(budget, loss=case.loss)
         plan = _plan_case(case, adapter, args.budget if budget is None else budget, **options)
-        step = [] if budget is None else _step_report(case, adapter, plan, budget, **options)
+        step: list[str] = []
+        predicted = None
+        if budget is not None:
+            predicted = predict_step(case.model, dict(case.inputs), plan, budget, adapter=adapter)
+            step = _step_report(case, adapter, plan, budget, predicted, **options)
     elapsed = time.perf_counter() - start
     console = stdout()
     described = [text for text in (_depth_words(args.preset, depth, plan), tokens.describe()) if text is not None]
@@ -284,10 +288,38 @@ def run(args: argparse.Namespace) -> int:
     for line in step:
         console.print(line, markup=False)
     console.print(f"planned on {args.device} in {elapsed:.1f} s")
+    written = plan.to_json()
+    if args.measure and predicted is not None:
+        del case  # the planning copy: the step is measured on the preset built again
+        start = time.perf_counter()
+        with library_notices_silenced(silenced):
+            measured = measure_step(
+                _build(model, args, tokens, depth), adapter, plan, predicted, args.optimizer or "adamw", args.device
+            )
+        console.print(f"{measured} (one step in {time.perf_counter() - start:.1f} s)", markup=False)
+        data = json.loads(written)
+        data["measured"] = measured.to_dict()
+        written = json.dumps(data)
     if args.json is not None:
-        args.json.write_text(plan.to_json() + "\n")
+        args.json.write_text(written + "\n")
         console.print(f"wrote {args.json}")
     return 0
+
+
+def _build(
+    model: ModelSpec, args: argparse.Namespace, tokens: RankTokens, depth: Mapping[str, int] | None
+) -> ModelCase:
+    """The preset's case as the arguments size it, on ``--device`` in ``--dtype``."""
+    return build_planned_case(
+        model,
+        args.preset,
+        layers=args.layers,
+        seq=None if tokens.rank_grid is not None else tokens.per_rank,
+        grid=tokens.rank_grid,
+        depth=depth,
+        device=args.device,
+        dtype=DTYPES[args.dtype],
+    )
 
 
 def add_parser(subparsers: Any) -> None:
@@ -336,6 +368,13 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     parser.add_argument(
         "--device", choices=DEVICES, default="meta", help="where the model is built: meta (default, no allocation)"
+    )
+    parser.add_argument(
+        "--measure",
+        action="store_true",
+        help="with --memory/--gpu on --device cpu or cuda: build the preset again, apply the plan, run one whole "
+        "training step (forward, the preset's loss, backward, --optimizer's step) and print its measured peak "
+        "against the predicted (the plan counts the loss; --json adds the figures under 'measured')",
     )
     parser.add_argument(
         "--offload",
