@@ -38,7 +38,7 @@ SPEC = AdapterSpec(
             tiny="ac_core_adapters.models.llama:tiny_llama_for_causal_lm",
             presets={"llama-3-8b": "ac_core_adapters.models.llama:preset_llama3_8b"},
             # num_hidden_layers of meta-llama/Meta-Llama-3-8B's config.json (also LlamaConfig's default).
-            depths={"llama-3-8b": {"layers": 32}},
+            depths={"llama-3-8b": {"layers": 32, "vocab": 128256}},
         ),
     ),
     **adapter_fields(),

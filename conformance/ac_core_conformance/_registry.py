@@ -104,6 +104,14 @@ CHECKS: tuple[Check, ...] = (
         ("check_budget", "check_meta_planning"),
         "BudgetTests",
     ),
+    Check(
+        "context_parallel",
+        "for an adapter that declares ``context_parallel``, on two gloo ranks per mode (Ulysses, ring) and order of "
+        "setup: training bit-equal to the unchecked parallel run; ``ops`` re-runs no attention kernel and no more "
+        "activation collectives than the unchecked backward",
+        ("check_context_parallel",),
+        "ContextParallelTests",
+    ),
 )
 """Every check, numbered from 1 in this order."""
 

@@ -60,7 +60,7 @@ from .registry import (
     register_adapter,
     registered_adapters,
 )
-from .spec import AdapterSpec, AttentionBackend, ExcludedContainer, ModelCase, ModelSpec
+from .spec import AdapterSpec, AttentionBackend, ContextParallel, ExcludedContainer, ModelCase, ModelSpec
 from .warnings import reset_warnings
 
 __version__ = "0.1.0"
@@ -140,6 +140,7 @@ __all__ = [  # noqa: RUF022  # the lazy names first
     "CheckpointType",
     "ConflictingCheckpointError",
     "Container",
+    "ContextParallel",
     "ExcludedContainer",
     "ExcludedModules",
     "Full",

@@ -18,9 +18,14 @@ a foreign forward meets ac-core's:
   gets another ac-core forward over it, which runs the layers around it: checkpoint(foreign forward ->
   class forward) is what runs and what recomputes. An ac-core forward reached while the layers already
   run above it passes straight through (``_Chain.depth``). Such a foreign forward is found when a layer is
-  added, or at the first call that comes up through it; that call is already inside it, so the layers
-  that run their call again (checkpoint) sit that one call out (exact, and that block keeps its
-  activations once), and every module of the same model is settled then, before its own call.
+  added (the library was applied first), or when the model ac-core was applied to is called (the library
+  came after): a forward pre-hook on that model (:func:`link_root`) settles every module before any of
+  them runs, so the very first call of each block is checkpointed above the foreign forward. No library
+  says when it sets a forward, and noticing the assignment would take a descriptor or ``__setattr__`` on
+  the module's class; the model's call comes before every block's. A block called on its own (not
+  through that model) after such a forward was set is found only from inside it, where a layer that runs
+  its call again (checkpoint) could not run that forward again: that one call is not checkpointed (exact;
+  the block keeps its activations once), which is logged, and the whole model is settled then.
 - **Ac-core's forward is kept where those libraries keep what they restore.** Added over a library's
   hook, ac-core also puts a forward of its own where that library keeps the forward it wrapped, so
   removing their hook brings back ac-core's (which runs the layers once on top) and not the forward from
@@ -45,6 +50,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, TypeGuard
 
+import torch
 from torch import nn
 from torch.utils.checkpoint import set_checkpoint_early_stop
 
@@ -164,7 +170,8 @@ def _bottom(forward: _ChainedForward, chain: _Chain | None, args: tuple, kwargs:
 
 
 def _under_foreign(forward: _ChainedForward, chain: _Chain, top: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
-    """A call that came up through a foreign forward set over ac-core's after ac-core's layers were added."""
+    """A call that came up through a foreign forward set over ac-core's after ac-core's layers were added, and not
+    settled before it: a module called on its own, not through its model (or the model itself)."""
     module = forward.__self__
     with reports():
         _note(logging.INFO, "found", module, _describe(module, top))
@@ -348,24 +355,71 @@ def check(module: nn.Module) -> bool:
     return False
 
 
+def _set_over_ours(module: nn.Module) -> Any:
+    """The foreign forward set over ac-core's on ``module`` since its layers were added, or None."""
+    if module.__dict__.get(CHAIN_ATTR) is None:
+        return None
+    top = module.__dict__.get("forward")
+    return top if top is not None and not _is_ours(top, module) and _reaches_ours(module, top) else None
+
+
 def _settle(root: nn.Module) -> None:
     """Put ac-core's layers over every foreign forward set over ac-core's in ``root`` and its submodules."""
     for module in root.modules():
         if module.__dict__.get(CHAIN_ATTR) is None:
             continue
-        top = module.__dict__.get("forward")
-        if not _is_ours(top, module) and top is not None and _reaches_ours(module, top):
+        top = _set_over_ours(module)
+        if top is not None:
             _put_over(module, top)
         else:
             check(module)
 
 
+def _settle_before_call(paths: tuple[tuple[str, ...], ...], root: nn.Module, args: tuple) -> None:
+    """The forward pre-hook :func:`link_root` puts on the model: before any of its modules runs, ac-core's layers
+    go over every foreign forward set over ac-core's since (a library applied after ac-core) on the modules at
+    ``paths``, so that the first call of each block is checkpointed with that forward inside, as every later one is.
+
+    Paths (their names, split) rather than modules: the hook pickles and deep-copies with the model, and a module
+    replaced since is the one found. The model's own forward was taken before this hook ran, so the model itself
+    is left to its call (see :func:`_under_foreign`). Under torch.compile nothing is moved: the graph is traced as
+    it stands."""
+    if torch.compiler.is_compiling():
+        return
+    with reports():
+        for path in paths:
+            module: nn.Module | None = root
+            for atom in path:
+                module = module._modules.get(atom) if module is not None else None
+            top = None if module is None else _set_over_ours(module)  # None: taken out of the model since
+            if top is not None and module is not None:
+                _put_over(module, top)
+
+
+def _is_settle_hook(hook: Any) -> bool:
+    return isinstance(hook, functools.partial) and hook.func is _settle_before_call
+
+
 def link_root(root: nn.Module) -> None:
-    """Note ``root`` as the model of every module with layers in it: a foreign forward found at one call settles all."""
-    for module in root.modules():
+    """Note ``root`` as the model of every module with layers in it, and settle those at each call of ``root``.
+
+    A foreign forward found at one call of a module settles all; calling ``root`` settles all before any runs."""
+    paths: list[tuple[str, ...]] = []
+    for name, module in root.named_modules():
         chain: _Chain | None = module.__dict__.get(CHAIN_ATTR)
         if chain is not None:
             chain.root = ModuleRef(root)
+            if module is not root:
+                paths.append(tuple(name.split(".")))
+    unlink_root(root)
+    if paths:
+        root.register_forward_pre_hook(functools.partial(_settle_before_call, tuple(paths)))
+
+
+def unlink_root(root: nn.Module) -> None:
+    """Take :func:`link_root`'s forward pre-hook off ``root``."""
+    for key in [key for key, hook in root._forward_pre_hooks.items() if _is_settle_hook(hook)]:
+        del root._forward_pre_hooks[key]
 
 
 def original_forward(module: nn.Module) -> Callable[..., Any]:
@@ -377,8 +431,10 @@ def original_forward(module: nn.Module) -> Callable[..., Any]:
 
 # What happened to whose forward, logged together at the end of the outermost ``reports()``.
 _MESSAGES = {
-    "found": "ac-core: a call of %(names)s came up through %(detail)s, set over ac-core's forward after ac-core's: "
-    "checkpointing sat out that call, as its recompute could not have run that forward again",
+    "found": "ac-core: a call of %(names)s came up through %(detail)s, set over ac-core's forward after ac-core's, "
+    "and not through the model ac-core was applied to (whose call puts ac-core's layers above such forwards "
+    "first): checkpointing sat out that call, as its recompute could not have run that forward again; from the "
+    "next call on it runs above it. Call the model, or apply ac-core after that library, to checkpoint every call",
     "over": "ac-core: %(detail)s set over ac-core's forward of %(names)s: ac-core's layers run above it from now "
     "on, so a checkpoint's recompute runs it too",
     "kept": "ac-core: %(detail)s already on %(names)s: ac-core's layers run above it (a checkpoint's recompute "

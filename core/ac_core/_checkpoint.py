@@ -111,7 +111,7 @@ class CheckpointLayer(_chain.ForwardLayer):
         # torch 2.13 no longer calls the policy during recompute, so a block that retained nothing
         # is detected here, right after its forward, from what the policy saw.
         record = BlockRetention()
-        context_fn = functools.partial(selective_context, self.retained, self.path, record)
+        context_fn = functools.partial(selective_context, self.retained, self.path, record, module)
         out = checkpoint_call(module, self.path, call_next, args, kwargs, preserve_rng_state=rng, context_fn=context_fn)
         if not record.retained and self.expects_attention:
             warn_nothing_retained(type(module).__name__, record)

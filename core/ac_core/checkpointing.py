@@ -128,6 +128,7 @@ def remove_activation_checkpointing(model: nn.Module) -> nn.Module:
         offload_model.uninstall(model)
         for module in model.modules():
             _checkpoint.uninstall(module)
+    _chain.unlink_root(model)
     return model
 
 

@@ -1,17 +1,34 @@
 """Experiments on the compiled route, built from the measurements: each route side by side (``ac-core compare``),
-and ac-core's memory-budget plans against torch's ``activation_memory_budget`` (``ac-core compare --budget``)."""
+ac-core's memory-budget plans against torch's ``activation_memory_budget`` (``ac-core compare --budget``), and both
+frontiers of saved bytes against recompute at equal saved bytes (``ac-core compare --frontier``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .budget import Budget, CheckpointPlan, MemoryBudget, plan_activation_checkpointing
+from .blocks import resolve_blocks
+from .budget import (
+    Budget,
+    CheckpointPlan,
+    MemoryBudget,
+    ModelProfile,
+    OpOccurrence,
+    plan_activation_checkpointing,
+    plan_from_profile,
+    profile_model,
+)
+from .budget.devices import Device
+from .budget.planner import DeviceLike, named_containers, resolve_device
+from .budget.roofline import op_time
 from .checkpointing import apply_activation_checkpointing
+from .measure.captured import route_measurer
 from .measure.compiled import CompiledActivations, compiled_activations, with_and_without_pass
-from .policies import Full, Ops
+from .policies import Full, GraphDecisions, GraphRequest, Ops, graph_decisions
 from .spec import ModelCase
+from .units import human_bytes
 
 EAGER_POLICIES = (Full(), Ops())
 ROUTES = ("no pass", "graph pass", *(f"eager {policy.name}" for policy in EAGER_POLICIES))
@@ -88,3 +105,229 @@ def compare_budgets(
         )
         results.append(BudgetComparison(budget, plan, ours, theirs))
     return results
+
+
+def frontier_fractions(points: int) -> tuple[float, ...]:
+    """Where a frontier of ``points`` samples torch's ``activation_memory_budget``: evenly over [0.1, 0.9] (one
+    point: 0.5)."""
+    if points < 1:
+        raise ValueError(f"a frontier needs at least one point, got {points}")
+    if points == 1:
+        return (0.5,)
+    return tuple(round(0.1 + 0.8 * i / (points - 1), 6) for i in range(points))
+
+
+# Budgets tried per point to land ac-core's compiled bytes within torch's (see _Fitter.fit): a grid, then halvings
+# of the gap after the best, down to _CLOSE bytes.
+_GRID = 6
+_HALVINGS = 3
+_CLOSE = 2**16
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """One point of both frontiers: torch's ``activation_memory_budget`` at ``fraction`` (measured: ``torch``), and
+    ac-core's plan at the bytes torch saved there (``plan``, measured: ``ours``, within those bytes), or None with
+    the reason in ``refused``; ``outside_recomputed``: whether ac-core's step recomputes the code outside the blocks
+    whole (see :class:`~ac_core.GraphDecisions`) rather than holding its matmuls' outputs. With a device,
+    ``torch_seconds`` and ``ours_seconds`` are the roofline's predicted seconds of what each backward recomputes."""
+
+    fraction: float
+    torch: CompiledActivations
+    plan: CheckpointPlan | None = None
+    ours: CompiledActivations | None = None
+    refused: str | None = None
+    outside_recomputed: bool = False
+    torch_seconds: float | None = None
+    ours_seconds: float | None = None
+
+    @property
+    def flops_ratio(self) -> float | None:
+        """ac-core's recompute FLOPs over torch's (at most 1: at or below torch's frontier); 1.0 where neither
+        recomputes any; None without a plan or where only ac-core recomputes."""
+        return _ratio(None if self.ours is None else self.ours.recompute_flops, self.torch.recompute_flops)
+
+    @property
+    def seconds_ratio(self) -> float | None:
+        """The same for the predicted recompute seconds (None without a device)."""
+        return _ratio(self.ours_seconds, self.torch_seconds)
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    if ours is None or theirs is None:
+        return None
+    if not theirs:
+        return 1.0 if not ours else None
+    return ours / theirs
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """Both frontiers on one model (:func:`compare_frontier`), points in the order of torch's fractions.
+    ``least_bytes``: what ac-core's least plan (every block recomputed whole, and the code outside them) saves on
+    this route; ``cost`` and
+    ``device`` (its name): what ac-core's plans minimised and where; ``backend``: the compiler."""
+
+    points: tuple[FrontierPoint, ...]
+    least_bytes: int
+    cost: str
+    device: str | None
+    backend: str
+
+
+def _priced(measured: CompiledActivations, device: Device) -> float:
+    """Predicted seconds on ``device`` of what a compiled backward recomputes: each op's roofline."""
+    return sum(
+        op_time(OpOccurrence(op.op, 0, 0, op.flops, op.bytes_moved, op.dtype), device).seconds
+        for op in measured.recomputed_ops
+    )
+
+
+class _Fitter:
+    """ac-core's plans on the compile route at a target of saved bytes: ``profile`` with its fixed part as the
+    route compiles it, each plan measured by ``measure`` (once per distinct plan)."""
+
+    def __init__(
+        self,
+        profile: ModelProfile,
+        plan: Callable[[ModelProfile, int], CheckpointPlan],
+        measure: Callable[[CheckpointPlan], CompiledActivations],
+        device: Device | None,
+    ) -> None:
+        self.plan = plan
+        self.measure_plan = measure
+        self.device = device
+        self.seen: dict[tuple, CompiledActivations] = {}
+        least = plan(profile, profile.min_bytes + profile.routing_bytes)
+        self.least = self.measure(least)
+        # What the route saves beyond the eager profile's prediction once every block is recomputed: block inputs
+        # and the code outside the blocks, which the partitioner lays out its own way.
+        offset = self.least.saved_bytes - least.held_bytes
+        self.profile = dataclasses.replace(profile, full_bytes=profile.min_bytes + offset)
+
+    def measure(self, plan: CheckpointPlan) -> CompiledActivations:
+        key = tuple((b.path, b.mode, b.keep) for b in plan.blocks)
+        if key not in self.seen:
+            self.seen[key] = self.measure_plan(plan)
+        return self.seen[key]
+
+    def cost(self, measured: CompiledActivations) -> float:
+        return measured.recompute_flops if self.device is None else _priced(measured, self.device)
+
+    def fit(self, target: int) -> tuple[CheckpointPlan, CompiledActivations] | str:
+        """The plan recomputing least, of those tried, whose compiled step saves at most ``target`` bytes, or why
+        there is none.
+
+        A plan may compile to fewer bytes than it predicts (a block input summed from kept outputs is not held; see
+        :func:`~ac_core.apply_sac_pass`), at most what the least plan saves, so budgets from ``target`` up to
+        ``target`` plus that are tried on a grid (below ``target`` by the excess where none fit), then halved between
+        the best that fit and the next that did not.
+        """
+        if target < self.least.saved_bytes:
+            return (
+                f"torch saves {human_bytes(target, digits=2)} here, less than ac-core's least plan saves on this "
+                f"route ({human_bytes(self.least.saved_bytes, digits=2)}: every block recomputed whole, each block's "
+                "inputs and the matmuls, convolutions and attention outside the blocks saved)"
+            )
+        tried: dict[int, CompiledActivations] = {}
+        best: tuple[tuple[float, int], int, CheckpointPlan, CompiledActivations] | None = None
+
+        def attempt(budget: int) -> None:
+            nonlocal best
+            plan = self.plan(self.profile, budget)
+            measured = tried[budget] = self.measure(plan)
+            score = (self.cost(measured), measured.saved_bytes)
+            if measured.saved_bytes <= target and (best is None or score < best[0]):
+                best = (score, budget, plan, measured)
+
+        span = self.least.saved_bytes
+        for i in range(_GRID):
+            attempt(target + span * i // (_GRID - 1))
+        for _ in range(_HALVINGS):  # every plan compiled to more than it predicted: lower the budget by the excess
+            if best is not None:
+                break
+            lowest = min(tried)
+            attempt(max(self.least.saved_bytes, lowest - (tried[lowest].saved_bytes - target)))
+        for _ in range(_HALVINGS):
+            if best is None:
+                break
+            above = [b for b in sorted(tried) if b > best[1]]
+            if not above or above[0] - best[1] <= _CLOSE:
+                break
+            attempt((best[1] + above[0]) // 2)
+        if best is None:
+            return f"every plan tried compiled to more than torch's {human_bytes(target, digits=2)}"
+        return best[2], best[3]
+
+
+def compare_frontier(
+    make_case: Callable[[], ModelCase],
+    fractions: Sequence[float],
+    *,
+    adapter: Any = None,
+    blocks: Sequence[str] | None = None,
+    backend: str = "aot_eager",
+    device: DeviceLike | None = None,
+) -> Frontier:
+    """torch's ``activation_memory_budget`` at each of ``fractions`` and ac-core's plan at the bytes torch saved
+    there, on the graph route of the model ``make_case`` builds (the same model each call), measured side by side.
+
+    One profile serves every plan and, on ``aot_eager``, one captured step every measurement (see
+    :func:`~ac_core.measure.captured.route_measurer`). ac-core's plans count what the compiled step saves (what
+    recomputes without FLOPs left to the partitioner, see :class:`~ac_core.GraphDecisions`), with the code outside
+    the blocks held (its matmuls, convolutions, attention) or recomputed whole: the profile's fixed part (block
+    inputs, the code outside the blocks) is what the compiled least plan saves either way, every block recomputed.
+    Each point's plans are made at budgets from torch's bytes up (at most a dozen per way, see ``_Fitter.fit``),
+    and the least recompute whose compiled step saves no more than torch's is kept. With ``device`` (a name such
+    as ``"h100"``, or a :class:`~ac_core.budget.devices.Device`), plans minimise the roofline's predicted recompute
+    seconds there (``cost="time"``) and both sides' recomputes are priced on it; else FLOPs.
+    """
+    case = make_case()
+    resolved = resolve_blocks(case.model, adapter, blocks)
+    profile = profile_model(resolved, dict(case.inputs))
+    where = None if device is None else resolve_device(device)
+    cost = "flops" if where is None else "time"
+    containers = named_containers(resolved)
+    request = GraphRequest(case.model, adapter, blocks)
+    measure = route_measurer(make_case, adapter=adapter, blocks=blocks, backend=backend)
+
+    def plan(model_profile: ModelProfile, budget: int) -> CheckpointPlan:
+        return plan_from_profile(model_profile, budget, containers=containers, cost=cost, device=where, quiet=True)
+
+    def measurer(outside: bool) -> Callable[[CheckpointPlan], CompiledActivations]:
+        def planned(p: CheckpointPlan) -> CompiledActivations:
+            return measure(dataclasses.replace(graph_decisions(p, request), recompute_outside=outside))
+
+        return planned
+
+    fitters = {outside: _Fitter(profile, plan, measurer(outside), where) for outside in (False, True)}
+    points = []
+    for fraction in fractions:
+        theirs = measure(GraphDecisions(torch_budget=fraction))
+        fits = {outside: fitter.fit(theirs.saved_bytes) for outside, fitter in fitters.items()}
+        found = {o: f for o, f in fits.items() if not isinstance(f, str)}
+        if not found:
+            points.append(
+                FrontierPoint(fraction, theirs, refused=str(fits[True]), torch_seconds=_seconds(theirs, where))
+            )
+            continue
+        outside, (chosen, ours) = min(
+            found.items(), key=lambda item: (fitters[item[0]].cost(item[1][1]), item[1][1].saved_bytes, item[0])
+        )
+        points.append(
+            FrontierPoint(
+                fraction,
+                theirs,
+                plan=chosen,
+                ours=ours,
+                outside_recomputed=outside,
+                torch_seconds=_seconds(theirs, where),
+                ours_seconds=_seconds(ours, where),
+            )
+        )
+    least = min(fitter.least.saved_bytes for fitter in fitters.values())
+    return Frontier(tuple(points), least, cost, None if where is None else where.name, backend)
+
+
+def _seconds(measured: CompiledActivations, device: Device | None) -> float | None:
+    return None if device is None else _priced(measured, device)

@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ._sac import selective_contexts
-from .collectives import is_collective
+from .collectives import WAIT_TENSOR, CollectiveKeeper, block_state, is_collective, is_keepable_collective
 from .op_names import op_matches
 from .warnings import warn_once
 
@@ -56,11 +57,11 @@ def check_op_names(names: object, where: str) -> frozenset[str]:
     for name in result:
         if not isinstance(name, str) or not name:
             raise TypeError(f"{where}: op names are non-empty strings such as 'aten::mm', got {name!r}")
-    collectives = sorted(n for n in result if is_collective(n))
-    if collectives:
+    refused = sorted(n for n in result if is_collective(n) and not is_keepable_collective(n))
+    if refused:
         raise ValueError(
-            f"{where}: collectives cannot be retained: {collectives}. Retaining an FSDP all-gather keeps every "
-            "block's unsharded weights alive until backward; drop them."
+            f"{where}: {refused} cannot be kept: only a functional collective's output ('_c10d_functional::...', "
+            "e.g. '_c10d_functional::all_to_all_single') can be, and then its wait goes with it; drop them"
         )
     return result
 
@@ -167,7 +168,8 @@ def _notify_copy(func: Any, copies: list[torch.Tensor]) -> None:
 class BlockRetention:
     """What one checkpointed call's forward retained, and the attention-like ops it saw but did not retain.
 
-    ``retained`` leaves out :data:`ROUTING_OPS`: kept in every MoE block, they say nothing of its attention."""
+    ``retained`` leaves out :data:`ROUTING_OPS` and collectives: kept in every MoE or context-parallel block, they
+    say nothing of its attention."""
 
     __slots__ = ("retained", "seen_attention")
 
@@ -176,11 +178,56 @@ class BlockRetention:
         self.seen_attention: set[str] = set()
 
 
+def collective_decision(
+    keeper: CollectiveKeeper | None, wanted: bool, name: str, args: tuple, kwargs: dict[str, Any], out: Any
+) -> CheckpointPolicy | None:
+    """A collective's or a wait's policy in a checkpointed call (None for any other op): a ``wanted`` functional
+    collective is kept where ``keeper`` finds it moves activations, a wait where it waits on a kept output;
+    without a keeper (under torch.compile) none is."""
+    if not is_collective(name):
+        return None
+    if keeper is None:
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    if name.partition(".")[0] == WAIT_TENSOR:
+        return CheckpointPolicy.MUST_SAVE if keeper.waits_on_kept(args) else CheckpointPolicy.PREFER_RECOMPUTE
+    if wanted and is_keepable_collective(name) and keeper.moves_activations(args, kwargs):
+        keeper.kept(out)
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def collective_keeper(retained: Iterable[str], module: nn.Module | None) -> CollectiveKeeper | None:
+    """A :class:`~ac_core.collectives.CollectiveKeeper` for one call of ``module`` where ``retained`` names a
+    collective it could keep and a process group is up (None where none is, where it names none, or where no
+    module is given: under torch.compile). Without a process group no collective runs: nothing to follow."""
+    if module is None or not any(is_keepable_collective(name) for name in retained):
+        return None
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    return CollectiveKeeper(block_state(module))
+
+
 def _policy(
-    retained: frozenset[str], block: str, record: BlockRetention | None, ctx: Any, func: Any, *args: Any, **kwargs: Any
+    retained: frozenset[str],
+    block: str,
+    record: BlockRetention | None,
+    keeper: CollectiveKeeper | None,
+    ctx: Any,
+    func: Any,
+    *args: Any,
+    **kwargs: Any,
 ) -> CheckpointPolicy:
     name = func.name()  # "aten::mul.Tensor"; a default overload has no suffix
-    if op_matches(name, retained):
+    out = getattr(ctx, "op_output", None)
+    wanted = op_matches(name, retained)
+    collective = collective_decision(keeper, wanted, name, args, kwargs, out)
+    if keeper is not None:
+        keeper.saw(args, kwargs, out)
+    if collective is not None:
+        if collective == CheckpointPolicy.MUST_SAVE and _observers and name.partition(".")[0] != WAIT_TENSOR:
+            _notify(block, func, ctx)  # a wait keeps its collective's output: counted there
+        return collective
+    if wanted:
         if record is not None and not op_matches(name, ROUTING_OPS):
             record.retained.add(name)
         if _observers:
@@ -191,14 +238,19 @@ def _policy(
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def selective_context(retained: frozenset[str], block: str = "", record: BlockRetention | None = None) -> Any:
-    """``context_fn`` for torch.utils.checkpoint: retain ``retained`` op outputs, recompute the rest.
+def selective_context(
+    retained: frozenset[str], block: str = "", record: BlockRetention | None = None, module: nn.Module | None = None
+) -> Any:
+    """``context_fn`` for torch.utils.checkpoint: retain ``retained`` op outputs, recompute the rest. A collective
+    in ``retained`` is kept where it moves activations of ``module`` (the block), never its parameters, and with
+    no ``module`` (torch.compile's route) never.
 
     Bound with functools.partial (not a closure) because torch.compile accepts only a plain
     function or a partial of constants as ``context_fn``.
     """
+    keeper = collective_keeper(retained, module)
     return selective_contexts(
-        functools.partial(_policy, retained, block, record), copied=ROUTING_OPS, on_copy=_notify_copy
+        functools.partial(_policy, retained, block, record, keeper), copied=ROUTING_OPS, on_copy=_notify_copy
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from .collectives import is_collective
+from .collectives import ACTIVATION_COLLECTIVES, check_activation_collectives, is_collective
 from .errors import AdapterError
 from .refs import is_ref, load_ref
 
@@ -55,8 +55,9 @@ class AttentionBackend:
                 raise AdapterError(f"attention backend {self.name!r}: op names must be non-empty strings, got {op!r}")
             if is_collective(op):
                 raise AdapterError(
-                    f"attention backend {self.name!r} names the collective {op!r}; collectives are never "
-                    "retained (under FSDP2 that would keep every block's unsharded weights alive)"
+                    f"attention backend {self.name!r} names the collective {op!r} among its attention ops; a "
+                    "collective that carries activations goes in AdapterSpec.activation_collectives (kept where "
+                    "it moves no parameter: an FSDP2 all-gather kept would hold every block's unsharded weights)"
                 )
 
     @property
@@ -247,8 +248,9 @@ class ModelSpec:
     ``grid``, (frames, height, width) in tokens, built exactly and used instead of ``seq`` (which lays its tokens
     out as whole frames of the preset's own size); a two-stream one takes ``single_layers`` (default ``layers``).
     ``depths`` map a preset name to the keyword options that build the real model's whole depth
-    (``{"layers": 40}`` for Wan2.1-14B, ``{"layers": 20, "single_layers": 40}`` for HunyuanVideo): what
-    ``ac-core plan`` builds for a step budget where ``--layers`` is not given.
+    (``{"layers": 40}`` for Wan2.1-14B, ``{"layers": 20, "single_layers": 40}`` for HunyuanVideo), and whatever
+    else the preset cuts (Llama-3-8B's ``vocab``): what ``ac-core plan`` builds for a step budget where
+    ``--layers`` is not given.
     ``geometry`` turns a video's frames and resolution into the ``seq`` tokens its presets take (the VAE and patch
     factors, a :class:`VideoGeometry`); None for a model that takes tokens (an LLM).
     """
@@ -356,6 +358,27 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class ContextParallel:
+    """How an adapter's models split their sequence over ranks (context parallelism), for the conformance suite's
+    check: ``modes`` the ways it can (``"ulysses"``, ``"ring"``); ``enable(model, mode)`` switches a built model to
+    one of them inside the default process group (each rank then runs its chunk of the tokens); ``shard(inputs)``
+    gives this rank's part of one forward's inputs (the rest as they are)."""
+
+    modes: tuple[str, ...]
+    enable: Callable[[nn.Module, str], None]
+    shard: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+
+    def __post_init__(self) -> None:
+        _tupled(self, "modes", self.modes)
+        if not self.modes or not all(isinstance(m, str) and m for m in self.modes):
+            raise AdapterError(
+                f"ContextParallel.modes must name at least one mode, e.g. ('ulysses',); got {self.modes}"
+            )
+        if not callable(self.enable) or not callable(self.shard):
+            raise AdapterError("ContextParallel needs callables enable(model, mode) and shard(inputs)")
+
+
+@dataclass(frozen=True)
 class AdapterSpec:
     """Everything ac-core needs to know about one model family.
 
@@ -380,6 +403,12 @@ class AdapterSpec:
     CogVideoX's), diffusers' backend setting never reaches it: declare one backend with
     ``ops=tuple(sorted(DEFAULT_RETAINED_OPS))`` as the default, and switch processors in your own
     ``set_backend`` if you declare more. ``ac-core inspect module:Class`` says which of the two a model is.
+
+    ``activation_collectives``: the functional collectives (``"_c10d_functional::..."``) whose outputs carry
+    activations in the family's forward, which ``Ops()`` keeps where what they move is no parameter of the block
+    (:data:`~ac_core.collectives.ACTIVATION_COLLECTIVES` by default: Ulysses' all-to-all; add a ring's
+    ``_c10d_functional::all_gather_into_tensor`` of keys and values to keep it too). ``context_parallel``: how its
+    models run context parallel (a :class:`ContextParallel`), which the conformance suite then checks on 2 ranks.
     """
 
     name: str
@@ -392,10 +421,18 @@ class AdapterSpec:
     prepare: Callable[[nn.Module], None] | None = None
     set_backend: Callable[[nn.Module, str], None] | None = None
     token_count: Callable[[nn.Module, Mapping[str, Any]], int] | None = None
+    activation_collectives: tuple[str, ...] = tuple(sorted(ACTIVATION_COLLECTIVES))
+    context_parallel: ContextParallel | None = None
 
     def __post_init__(self) -> None:
-        for attr in ("models", "backends", "requirements"):
+        for attr in ("models", "backends", "requirements", "activation_collectives"):
             _tupled(self, attr, getattr(self, attr))
+        try:
+            check_activation_collectives(self.activation_collectives, f"adapter {self.name!r}: activation_collectives")
+        except ValueError as exc:
+            raise AdapterError(str(exc)) from None
+        if self.context_parallel is not None and not isinstance(self.context_parallel, ContextParallel):
+            raise AdapterError(f"adapter {self.name!r}: context_parallel must be a ContextParallel")
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
             raise AdapterError(f"adapter name must be a non-empty word (letters, digits, '-', '_'): {self.name!r}")
         if not self.models:

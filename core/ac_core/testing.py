@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ._context_parallel import ring_attention, shard_sequence, ulysses_attention
 from .ops import DEFAULT_RETAINED_OPS
-from .spec import AdapterSpec, AttentionBackend, ModelCase, ModelSpec
+from .spec import AdapterSpec, AttentionBackend, ContextParallel, ModelCase, ModelSpec
 
 
 def make_case(
@@ -42,8 +43,14 @@ def _mean_square(output: torch.Tensor) -> torch.Tensor:
     return output.float().pow(2).mean()
 
 
+# The context-parallel attentions a ToyBlock runs by name, each rank on its chunk of the sequence.
+_CONTEXT_PARALLEL = {"ulysses": ulysses_attention, "ring": ring_attention}
+
+
 class ToyBlock(nn.Module):
-    """Pre-norm self-attention and MLP. ``attention="sdpa"`` reaches a fused kernel; ``"math"`` does not."""
+    """Pre-norm self-attention and MLP. ``attention="sdpa"`` reaches a fused kernel; ``"math"`` does not;
+    ``"ulysses"`` and ``"ring"`` are context parallel (:func:`ulysses_attention`, :func:`ring_attention`: inside
+    a process group, each rank given its chunk of the tokens)."""
 
     def __init__(self, dim: int, heads: int, dropout: float = 0.0, attention: str = "sdpa") -> None:
         super().__init__()
@@ -58,6 +65,8 @@ class ToyBlock(nn.Module):
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.attention == "sdpa":
             return F.scaled_dot_product_attention(q, k, v)
+        if self.attention in _CONTEXT_PARALLEL:
+            return _CONTEXT_PARALLEL[self.attention](q, k, v)
         scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
         return scores.softmax(dim=-1) @ v
 
@@ -151,6 +160,16 @@ def _token_count(model: nn.Module, inputs) -> int:
     return x.shape[0] * x.shape[1]
 
 
+def shard_toy_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """This rank's chunk of a toy case's tokens (``x``: ``[batch, tokens, dim]``), for a context-parallel toy."""
+    return {**inputs, "x": shard_sequence(inputs["x"], dim=1)}
+
+
+TOY_CONTEXT_PARALLEL = ContextParallel(("ulysses", "ring"), enable=_set_attention, shard=shard_toy_inputs)
+"""The toy's context parallelism: :func:`ulysses_attention` or :func:`ring_attention` in every ToyBlock, each rank
+given its chunk of the tokens (:func:`shard_toy_inputs`)."""
+
+
 TOY_ADAPTER = AdapterSpec(
     name="toy",
     models=(
@@ -169,5 +188,21 @@ TOY_ADAPTER = AdapterSpec(
     default_backend="sdpa",
     set_backend=_set_attention,
     token_count=_token_count,
+    context_parallel=TOY_CONTEXT_PARALLEL,
 )
 """A spec for ToyTransformer, not registered by default: ``register_adapter(TOY_ADAPTER)`` to use it by name."""
+
+__all__ = [
+    "TOY_ADAPTER",
+    "TOY_CONTEXT_PARALLEL",
+    "LibraryCheckpointingToy",
+    "ToyBlock",
+    "ToyTransformer",
+    "make_case",
+    "ring_attention",
+    "shard_sequence",
+    "shard_toy_inputs",
+    "toy_case",
+    "toy_wide",
+    "ulysses_attention",
+]

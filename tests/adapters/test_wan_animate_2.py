@@ -65,7 +65,10 @@ def test_prepare_hooks_each_block_once_and_leaves_other_wan_models_alone():
     apply_activation_checkpointing(case.model, "full")
     apply_activation_checkpointing(case.model, "ops")
     assert [len(block._forward_pre_hooks) for block in case.model.get_submodule("blocks").children()] == [1, 1]
-    assert len(case.model._forward_pre_hooks) == 1
+    # prepare's hook once on the model (beside ac-core's own, which settles foreign forwards before each call)
+    assert [getattr(h, "__name__", "") for h in case.model._forward_pre_hooks.values()].count(
+        "_library_checkpointing_off"
+    ) == 1
     other, prepare = tiny_wan(), get_adapter("wan").prepare
     assert prepare is not None
     prepare(other.model)

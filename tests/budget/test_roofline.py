@@ -12,7 +12,7 @@ from ac_core.blocks import resolve_blocks
 from ac_core.budget import OpOccurrence, profile_model
 from ac_core.budget.devices import CALIBRATION_ENV, DEVICES, Device, device, device_for, save_calibration
 from ac_core.budget.profile import _OpRecorder
-from ac_core.budget.roofline import op_time, transfer_seconds
+from ac_core.budget.roofline import link_bytes, op_time, transfer_seconds
 from ac_core.cli import main
 from ac_core.measure.flops import GlobalFlopCounter
 from ac_core.testing import toy_case
@@ -74,6 +74,31 @@ def test_a_matmul_is_compute_bound_and_an_add_memory_bound_on_h100():
     assert timed.seconds == timed.memory == 3 * 2 * elements / 3.35e12
     assert timed.compute == elements / 989.4e12
     assert transfer_seconds(2**30, h100) == 2**30 / 64e9
+
+
+def test_the_interconnect_is_nvlink_each_way_where_the_card_has_it_else_pcie():
+    assert device("h100").interconnect == device("h200").interconnect == 450e9  # NVLink 900 GB/s both ways
+    assert device("a100").interconnect == device("a100-40gb").interconnect == 300e9  # NVLink 600 GB/s
+    assert device("b200").interconnect == 900e9  # NVLink 1.8 TB/s
+    for pcie in ("h100-pcie", "l40s", "rtx4090"):
+        assert device(pcie).interconnect == device(pcie).host_link
+    # Figures without the field (a calibration file written before it): 10 Gb Ethernet, the CPU's.
+    assert Device("old", 1e12, 1e12, None, 1e11, 1e10, 2**30).interconnect == 1.25e9
+
+
+def test_a_collective_takes_what_one_rank_sends_or_receives_over_the_interconnect():
+    h100 = device("h100")
+    n = 2**20  # output bytes
+    all_to_all = OpOccurrence("_c10d_functional::all_to_all_single", 0, n, 0, 2 * n, "bfloat16", ranks=4)
+    gather = OpOccurrence("_c10d_functional::all_gather_into_tensor", 0, n, 0, n + n // 4, "bfloat16", ranks=4)
+    scatter = OpOccurrence("_c10d_functional::reduce_scatter_tensor", 0, n, 0, n + 4 * n, "bfloat16", ranks=4)
+    wait = OpOccurrence("_c10d_functional::wait_tensor", 0, 0, 0, n, "bfloat16")
+    assert [link_bytes(op) for op in (all_to_all, gather, scatter, wait)] == [3 * n // 4, 3 * n // 4, 3 * n, 0]
+    timed = op_time(all_to_all, h100)
+    assert (timed.bound, timed.seconds, timed.compute, timed.memory) == ("link", 3 * n / 4 / 450e9, 0.0, 0.0)
+    assert op_time(wait, h100).seconds == 0.0
+    alone = OpOccurrence("_c10d_functional::all_to_all_single", 0, n, 0, 2 * n, "bfloat16", ranks=1)
+    assert op_time(alone, h100).seconds == 0.0  # a group of one moves nothing
 
 
 def _recorded(run) -> list[OpOccurrence]:

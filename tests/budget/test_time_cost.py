@@ -23,7 +23,6 @@ from ac_core.testing import make_case, toy_case
 # byte, where an elementwise op (no FLOPs, 8 bytes moved per float32 element) is memory-bound.
 DEVICE = Device("test", 1e12, 2e12, None, 1e11, 1e10, 2**34)
 BLOCKS = ["layers"]
-SDPA = "aten::_scaled_dot_product_flash_attention_for_cpu"
 
 
 class Elementwise(nn.Module):
@@ -139,46 +138,32 @@ def test_a_time_plan_applies_holds_its_prediction_and_trains_the_same(mixed):
         torch.testing.assert_close(step.grads[name], grad, rtol=0, atol=0)
 
 
-def _addmm(*indices: int) -> tuple[tuple[str, int], ...]:
-    return tuple(("aten::addmm", i) for i in indices)
-
-
-# The plans before time costing existed (FLOPs only), at 0.25, 0.5 and 0.75 of what none holds.
-_TOY_ALL = ((SDPA, 0), *_addmm(0, 1, 2))
-_TOY_BEFORE = {
-    0.25: [
-        ("layers.0", "ops", ((SDPA, 0), *_addmm(0, 2))),
-        ("layers.1", "ops", _addmm(0)),
-        ("layers.2", "full", ()),
-        ("layers.3", "full", ()),
-    ],
-    0.5: [*((f"layers.{i}", "ops", _TOY_ALL) for i in (0, 1, 2)), ("layers.3", "full", ())],
-    0.75: [("layers.0", "none", ()), *((f"layers.{i}", "ops", _TOY_ALL) for i in (1, 2, 3))],
-}
-_WAN_BEFORE = [
-    ("blocks.0", "ops", ((SDPA, 0), *_addmm(0, 1, 2, 3, 4, 5, 6, 8, 9))),
-    ("blocks.1", "ops", ((SDPA, 0), *_addmm(5, 9))),
-    ("blocks.2", "ops", ((SDPA, 0), *_addmm(9))),
-]
+# What the plans before time costing existed (FLOPs only) recomputed, at 0.25, 0.5 and 0.75 of what none holds:
+# the FLOP-costed plans of now recompute as little. Which of identical blocks keeps an op of equal saving is a tie,
+# so layouts are not compared.
+_TOY_BEFORE = {0.25: 13_107_200, 0.5: 4_718_592, 0.75: 0}
+_WAN_BEFORE = 324_608
 
 
 @pytest.mark.parametrize("fraction", sorted(_TOY_BEFORE))
-def test_flops_cost_gives_the_plans_of_before(toy, fraction):
+def test_flops_cost_recomputes_what_the_plans_of_before_did(toy, fraction):
     plan = _plan(toy, fraction, "flops")
-    assert _decisions(plan) == _TOY_BEFORE[fraction]
+    assert plan.recompute_flops == _TOY_BEFORE[fraction]
+    assert plan.held_bytes <= plan.budget_bytes
     assert plan.cost == "flops" and plan.device == "test"
     # And through the planner's front door, whatever device this machine's calibration gives.
     again = plan_activation_checkpointing(toy.case.model, toy.case.inputs, fraction, blocks=BLOCKS, cost="flops")
-    assert _decisions(again) == _TOY_BEFORE[fraction]
+    assert _decisions(again) == _decisions(plan)
 
 
-def test_flops_cost_gives_the_plan_of_before_on_tiny_wan():
+def test_flops_cost_recomputes_what_the_plan_of_before_did_on_tiny_wan():
     pytest.importorskip("diffusers")
     from ac_core_adapters.models.wan import tiny_wan
 
     case = tiny_wan()
     plan = plan_activation_checkpointing(case.model, case.inputs, 0.25, cost="flops", device=DEVICE)
-    assert _decisions(plan) == _WAN_BEFORE
+    assert plan.recompute_flops == _WAN_BEFORE
+    assert plan.held_bytes <= plan.budget_bytes
 
 
 def test_json_round_trip_keeps_cost_device_and_seconds(mixed):

@@ -30,6 +30,9 @@ BUDGET_FIELDS = (
     "best_fixed_label",
     "best_fixed_held_bytes",
     "best_fixed_recompute_overhead",
+    "step_memory_bytes",
+    "cost",
+    "predicted_overhead",
 )
 
 
@@ -206,8 +209,9 @@ def test_a_models_one_time_cost_lands_in_no_timed_step(warmup):
         torch.set_num_threads(threads)
     (model,) = COLD_MODELS
     assert [row.status for row in rows] == ["ok", "ok"], [row.reason for row in rows]
-    # The warm-up, then per row its measured step (collector on) and its two timed steps (collector paused).
-    assert model.collector == [True] * warmup + [True, False, False] * 2
+    # The warm-up, then each row's measured step (collector on), then two rounds of the two rows' timed steps
+    # (collector paused).
+    assert model.collector == [True] * warmup + [True] * 2 + [False] * 4
     assert gc.isenabled()
     # The first forward's 0.5 s went to an untimed step: no timed step comes near it.
     times = [t for row in rows for t in row.step_times_s or []]

@@ -271,7 +271,7 @@ def test_the_flux_preset_builds_its_grid_exactly():
         ("wan", "wan2.1-14b", {"layers": 40}),
         ("hunyuan", "hunyuanvideo", {"layers": 20, "single_layers": 40}),
         ("flux", "flux.1-dev", {"layers": 19, "single_layers": 38}),
-        ("llama", "llama-3-8b", {"layers": 32}),
+        ("llama", "llama-3-8b", {"layers": 32, "vocab": 128256}),
     ],
 )
 def test_each_preset_records_its_real_depth(adapter, preset, depth):

@@ -77,7 +77,7 @@ def test_every_registered_export_comes_from_its_check_module():
 def test_the_suite_is_every_registered_class_in_order():
     classes = [getattr(_module(check), check.tests) for check in CHECKS]
     assert list(suite.AdapterConformance.__bases__) == classes
-    assert len(CHECKS) == 10
+    assert len(CHECKS) == 11
 
 
 def test_the_docstring_lists_the_registry():

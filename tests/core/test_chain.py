@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
+import logging
 from typing import Any
 
 import pytest
@@ -136,3 +138,50 @@ def _saved(model) -> bytes:
     buffer = io.BytesIO()
     torch.save(model, buffer)
     return buffer.getvalue()
+
+
+def _set_foreign_forward(block: torch.nn.Module, calls: list[int]) -> None:
+    """What a library applied after ac-core does: an instance forward over ac-core's, calling it (kept in
+    ``__wrapped__``)."""
+    inner = block.forward
+
+    @functools.wraps(inner)
+    def foreign(*args, **kwargs):
+        calls.append(1)
+        return inner(*args, **kwargs)
+
+    block.forward = foreign
+
+
+def test_a_forward_set_over_ac_core_s_runs_inside_the_checkpoint_from_the_model_s_first_call(caplog):
+    case = toy_case(depth=2)
+    apply_activation_checkpointing(case.model, "full", adapter=TOY_ADAPTER)
+    calls: list[int] = []
+    for block in case.model.layers:
+        _set_foreign_forward(block, calls)
+    with caplog.at_level(logging.INFO, logger="ac_core"):
+        assert _recomputed_attention(case) == 2  # the first call of both blocks is checkpointed ...
+    assert len(calls) == 4  # ... above the foreign forward, which the recompute runs again
+    assert not [r for r in caplog.records if "sat out" in r.getMessage()]
+    assert_same_training(loss_and_grads(case), loss_and_grads(toy_case(depth=2)))
+    remove_activation_checkpointing(case.model)
+    assert not case.model._forward_pre_hooks and _recomputed_attention(case) == 0
+
+
+def test_a_block_called_on_its_own_under_a_forward_set_after_ac_core_sits_out_that_one_call(caplog):
+    case = toy_case(depth=2)
+    apply_activation_checkpointing(case.model, "full", adapter=TOY_ADAPTER)
+    block = case.model.layers[0]
+    calls: list[int] = []
+    _set_foreign_forward(block, calls)
+    x = torch.randn(1, 4, 64)
+    recomputed = []
+    with caplog.at_level(logging.INFO, logger="ac_core"):
+        for _ in range(2):
+            with OpCounter() as ops:
+                block(x).sum().backward()
+            recomputed.append(ops.count(ATTENTION, "backward"))
+    # Found only from inside the foreign forward: that call runs unchecked, the next one is checkpointed.
+    assert recomputed == [0, 1] and len(calls) == 3
+    (found,) = [r.getMessage() for r in caplog.records if "sat out" in r.getMessage()]
+    assert "layers.0 (ToyBlock)" in found and "not through the model" in found

@@ -54,8 +54,14 @@ def test_configs_are_frozen_and_validated():
             BlockSkip(every=bad)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"not a single string"):
         Ops(retain="aten::mm")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="collectives cannot be retained"):
-        Ops(retain={"_c10d_functional::all_gather_into_tensor"})
+    with pytest.raises(ValueError, match="cannot be kept: only a functional collective"):
+        Ops(retain=frozenset({"_c10d_functional::wait_tensor"}))
+    gather = "_c10d_functional::all_gather_into_tensor"  # kept where it moves activations: test_context_parallel.py
+    assert Ops(retain=frozenset({gather})).retain == frozenset({gather})
+    with pytest.raises(ValueError, match="keeps and refuses the same collectives"):
+        Ops(retain=frozenset({gather}), collectives=False)
+    with pytest.raises(TypeError, match="collectives"):
+        Ops(collectives=1)  # type: ignore[arg-type]
     assert Ops(retain=["aten::gelu"]).retain == frozenset({"aten::gelu"})
 
 

@@ -169,15 +169,16 @@ def test_blocks_must_be_a_list():
     _raises_and_unchanged(toy_case().model, TypeError, r"blocks=\['layers'\]", blocks="layers")
 
 
-def test_collectives_cannot_be_retained():
-    _raises_and_unchanged(
-        toy_case().model,
-        ValueError,
-        "collectives cannot be retained",
-        checkpointing_type="ops",
-        blocks=["layers"],
-        retain={"_c10d_functional::all_gather_into_tensor"},
-    )
+def test_a_wait_or_an_in_place_collective_cannot_be_retained():
+    for op in ("_c10d_functional::wait_tensor", "c10d::allgather_"):
+        _raises_and_unchanged(
+            toy_case().model,
+            ValueError,
+            "cannot be kept: only a functional collective",
+            checkpointing_type="ops",
+            blocks=["layers"],
+            retain={op},
+        )
 
 
 def test_unsupported_library_version():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ac_core import AdapterError, AdapterSpec, AttentionBackend, ExcludedContainer, ModelSpec
+from ac_core import AdapterError, AdapterSpec, AttentionBackend, ContextParallel, ExcludedContainer, ModelSpec
 
 MODEL = ModelSpec(cls="pkg.Model", containers=["layers"])
 
@@ -67,6 +67,9 @@ def test_excluded_needs_reason():
         ({"name": "x", "models": []}, "serves no model"),
         ({"name": "x", "models": [MODEL], "backends": [AttentionBackend("a", ops=("n::o",))] * 2}, "twice"),
         ({"name": "x", "models": [MODEL], "default_backend": "flash"}, "not among its backends"),
+        ({"name": "x", "models": [MODEL], "activation_collectives": ["_c10d_functional::wait_tensor"]}, "the wait"),
+        ({"name": "x", "models": [MODEL], "activation_collectives": ["c10d::allgather_"]}, "not functional"),
+        ({"name": "x", "models": [MODEL], "context_parallel": ("ulysses",)}, "must be a ContextParallel"),
     ],
 )
 def test_adapter_spec_validation(kwargs, match):
@@ -87,6 +90,17 @@ def test_retained_ops_and_backend_lookup():
     assert spec.install_hint == "pip install 'ac-core[x]'"
     with pytest.raises(AdapterError, match="no attention backend 'zzz'"):
         spec.backend("zzz")
+
+
+def test_activation_collectives_default_to_the_all_to_all_and_context_parallel_is_validated():
+    spec = AdapterSpec(name="x", models=[MODEL])
+    assert spec.activation_collectives == ("_c10d_functional::all_to_all_single",)
+    assert spec.context_parallel is None
+    with pytest.raises(AdapterError, match="at least one mode"):
+        ContextParallel((), enable=lambda model, mode: None, shard=dict)
+    with pytest.raises(AdapterError, match="callables"):
+        ContextParallel(("ring",), enable="x", shard=dict)  # type: ignore[arg-type]
+    assert ContextParallel(["ring"], enable=lambda model, mode: None, shard=dict).modes == ("ring",)  # type: ignore[arg-type]  # a list becomes a tuple
 
 
 def variant() -> None:

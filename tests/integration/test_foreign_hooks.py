@@ -65,7 +65,6 @@ class Tiny:
     adapter: str  # the name of the adapter serving it
     blocks: list[str]  # the blocks ac-core checkpoints
     block_class: str  # the class of its first block
-    first_block_aligns: int  # AlignDevicesHook pre-forwards in one run of the first block after dispatch_model
 
 
 TINIES = {
@@ -74,14 +73,12 @@ TINIES = {
         "flux",
         [f"transformer_blocks.{i}" for i in range(3)] + [f"single_transformer_blocks.{i}" for i in range(3)],
         "FluxTransformerBlock",
-        26,
     ),
     "qwen_image-route": Tiny(
         route_models.tiny_qwen_image,
         "diffusers-route",
         route_models.QWEN_IMAGE_BLOCKS,
         "QwenImageTransformerBlock",
-        26,
     ),
 }
 
@@ -210,14 +207,12 @@ class Placement:
     apply: Callable[[nn.Module, Sequence[str]], None]
     remove: Callable[[nn.Module, Sequence[str]], None]
     counter: str  # what the hook's pre-forward does, counted
-    recomputed_first_block: Callable[[Tiny], int]  # counted in the recompute of the first block
 
 
 PLACEMENT = {
-    "group_offloading": Placement(_group_offloading, _remove_group_offloading, "onload", lambda _: 1),
-    "align_devices": Placement(_align_devices, _remove_align_devices, "align", lambda _: 1),
-    # One AlignDevicesHook per module: the first block's recompute runs those of the modules that run (26 in both).
-    "dispatch_model": Placement(_dispatch, _remove_dispatch, "align", lambda tiny: tiny.first_block_aligns),
+    "group_offloading": Placement(_group_offloading, _remove_group_offloading, "onload"),
+    "align_devices": Placement(_align_devices, _remove_align_devices, "align"),
+    "dispatch_model": Placement(_dispatch, _remove_dispatch, "align"),
 }
 
 
@@ -237,20 +232,17 @@ def test_a_hook_that_places_weights_runs_in_the_recompute(tiny, hook, order, rem
     _apply(case.model, order, lambda model: spec.apply(model, blocks))
     assert sorted(checkpointed_blocks(case.model)) == sorted(blocks)
     recomputed = []
-    for step in range(2):
+    for _ in range(2):
         got = _train_step(case, counts)
         _assert_same(got, expected)
         forward, backward = got[2], got[3]
         assert getattr(forward, spec.counter) == per_forward
-        # The call that finds the hook set over ac-core's forward (the first block's first, with ac-core applied
-        # first) runs without checkpointing; from then on every block is recomputed inside its hook.
-        sat_out = order == "ac_core_first" and step == 0
-        assert backward.blocks == len(blocks) - sat_out
+        # Every block is recomputed inside its hook from the first step on, whichever came first.
+        assert backward.blocks == len(blocks)
         recomputed.append(getattr(backward, spec.counter))
         if hook == "group_offloading":  # each group recomputed with its weights onloaded, offloaded again after
             assert backward.onload == backward.offload == backward.blocks
-    first = spec.recomputed_first_block(tiny) if order == "ac_core_first" else 0
-    assert 0 < recomputed[0] == recomputed[1] - first
+    assert 0 < recomputed[0] == recomputed[1]
 
     present = {"ac_core", "hook"}
     for what in removal:
@@ -330,6 +322,34 @@ def test_first_block_cache_keeps_skipping_and_checkpointing_stays_true(tiny, ord
     assert _ac_core_forwards(case.model) == []
 
 
+# Hooks set on the blocks after ac-core: the model's first call already checkpoints every block above them.
+
+
+def _first_block_cache(model: Any) -> None:
+    model.enable_cache(CACHE)
+
+
+AFTER_AC_CORE = {"group_offloading": _group_offloading, "first_block_cache": _first_block_cache}
+
+
+@pytest.mark.parametrize("hook", list(AFTER_AC_CORE))
+def test_the_first_step_checkpoints_every_block_under_a_hook_set_after_ac_core(tiny, hook, counts, caplog):
+    context = hook == "first_block_cache"  # a cache trains inside its cache context
+    reference = _built(tiny, counts)
+    AFTER_AC_CORE[hook](reference.model)
+    expected = _train_step(reference, counts, context)
+    assert expected[3].blocks == 0
+
+    case = _built(tiny, counts)
+    _apply(case.model, "ac_core_first", AFTER_AC_CORE[hook])
+    with caplog.at_level(logging.DEBUG, logger="ac_core"):
+        got = _train_step(case, counts, context)  # the first call of every block
+    _assert_same(got, expected)
+    assert got[2].blocks == expected[2].blocks == len(tiny.blocks)
+    assert got[3].blocks == len(tiny.blocks)  # every block's first call recomputed: checkpointed
+    assert not [r for r in caplog.records if "sat out" in r.getMessage()]
+
+
 # Hooks on the leaf modules inside a block run inside ac-core's checkpoint in either order.
 
 
@@ -393,11 +413,10 @@ def test_a_hook_found_over_ac_core_is_reported_naming_the_blocks(tiny, counts, c
         _group_offloading(case.model)
         caplog.clear()
         _train_step(case, counts)
-    found = [r.getMessage() for r in caplog.records if "came up through" in r.getMessage()]
-    assert len(found) == 1 and first in found[0]
-    assert "group_offloading" in found[0] and "checkpointing sat out that call" in found[0]
+    # Found when the model is called, before its first block runs: no call sat out.
+    assert not [r for r in caplog.records if "came up through" in r.getMessage()]
     moved = [r.getMessage() for r in caplog.records if "layers run above it from now on" in r.getMessage()]
-    assert len(moved) == 1 and second in moved[0]
+    assert len(moved) == 1 and first in moved[0] and second in moved[0] and "group_offloading" in moved[0]
     unnamed = len(tiny.blocks) - 4  # the message names 4 blocks, then says how many more
     assert (f"and {unnamed} more" in moved[0]) if unnamed > 0 else " more" not in moved[0]
 

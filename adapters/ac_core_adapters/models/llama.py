@@ -67,12 +67,13 @@ def tiny_llama_for_causal_lm() -> ModelCase:
     )
 
 
-def preset_llama3_8b(*, layers: int = 4, seq: int | None = None) -> ModelCase:
+def preset_llama3_8b(*, layers: int = 4, seq: int | None = None, vocab: int = 16384) -> ModelCase:
     """Llama-3-8B: ``layers`` decoder layers at its width (4096 hidden, 32 query and 8 key/value heads, MLP 14336,
     RoPE theta 500000), SDPA attention, float32 on CPU, one sequence of ``seq`` tokens (default 4096).
 
-    The vocabulary is cut to 16384 (Llama 3 has 128256) so that the embedding, head and logits do not
-    dwarf the decoder layers whose activations are being measured.
+    The vocabulary is cut to ``vocab`` = 16384 by default (Llama 3 has 128256) so that the embedding, head and
+    logits do not dwarf the decoder layers whose activations are being measured; a step budget plans the real
+    one (the adapter's ``depths``): its embedding, head and logits are part of the step's peak.
     """
     from transformers import LlamaForCausalLM
 
@@ -80,7 +81,7 @@ def preset_llama3_8b(*, layers: int = 4, seq: int | None = None) -> ModelCase:
     if seq < 1:
         raise ValueError(f"seq must be a positive token count, got {seq}")
     config = _sdpa_config(
-        vocab_size=16384,
+        vocab_size=vocab,
         hidden_size=4096,
         intermediate_size=14336,
         num_hidden_layers=layers,

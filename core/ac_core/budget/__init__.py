@@ -9,7 +9,7 @@ from __future__ import annotations
 from .checkpoint_plan import CheckpointPlan, PlannedBlock
 from .memory_budget import MemoryBudget
 from .planner import plan_from_profile
-from .planning import plan_activation_checkpointing
+from .planning import StepPlanner, plan_activation_checkpointing
 from .policy import Budget
 from .predict import StepPeak, predict_step
 from .profile import BlockProfile, ModelProfile, OpOccurrence, profile_model
@@ -27,6 +27,7 @@ __all__ = [
     "PlannedBlock",
     "StepBudget",
     "StepPeak",
+    "StepPlanner",
     "StepProfile",
     "plan_activation_checkpointing",
     "plan_from_profile",

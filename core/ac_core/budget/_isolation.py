@@ -33,6 +33,7 @@ from torch.nn.modules import module as module_hooks
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from .._recompute import is_real, put_back
+from ..libraries.transformers import meta_values_unread
 from ..measure.memory import plain_tensors, storage_ref
 
 # Where a hook's function is defined for it to run in a planning forward: the forward depends on it.
@@ -176,7 +177,7 @@ def isolated(model: nn.Module, inputs: Any = ()) -> Iterator[CopyOnWrite]:
         values = [(b, b.detach().clone()) for b in plain_tensors(list(model.buffers())) if is_real(b)]
     guard = CopyOnWrite(plain_tensors([list(model.parameters()), inputs]))
     try:
-        with _silenced_hooks(model), guard:
+        with _silenced_hooks(model), guard, meta_values_unread():
             yield guard
     finally:
         guard.restore()

@@ -22,21 +22,25 @@ from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
 from .._checkpoint import CheckpointLayer, checkpoint_call
 from .._sac import selective_contexts
+from ..collectives import CollectiveKeeper
 from ..measure.memory import plain_tensors
 from ..offload import OffloadConfig
 from ..offload import seam as offload_seam
-from ..ops import ROUTING_OPS
+from ..ops import ROUTING_OPS, collective_decision, collective_keeper
 from ..policies.modes import BlockMode
 from .profile import Signature, describe_signature, signature
 
 
 class _OccurrencePolicy:
-    """Keeps the outputs of ``keep``'s occurrences, recomputes the rest; one instance per checkpointed call."""
+    """Keeps the outputs of ``keep``'s occurrences, recomputes the rest; one instance per checkpointed call. A kept
+    collective occurrence is kept where ``keeper`` finds it moves activations, and its wait with it (see
+    :func:`~ac_core.ops.collective_decision`)."""
 
-    __slots__ = ("keep", "seen")
+    __slots__ = ("keep", "keeper", "seen")
 
-    def __init__(self, keep: frozenset[tuple[str, int]]) -> None:
+    def __init__(self, keep: frozenset[tuple[str, int]], keeper: CollectiveKeeper | None = None) -> None:
         self.keep = keep
+        self.keeper = keeper
         self.seen: dict[str, int] = defaultdict(int)
 
     def __call__(self, ctx: SelectiveCheckpointContext, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
@@ -45,12 +49,21 @@ class _OccurrencePolicy:
         name = func.name()
         index = self.seen[name]
         self.seen[name] += 1
-        return CheckpointPolicy.MUST_SAVE if (name, index) in self.keep else CheckpointPolicy.PREFER_RECOMPUTE
+        wanted = (name, index) in self.keep
+        out = getattr(ctx, "op_output", None)
+        collective = collective_decision(self.keeper, wanted, name, args, kwargs, out)
+        if self.keeper is not None:
+            self.keeper.saw(args, kwargs, out)
+        if collective is not None:
+            return collective
+        return CheckpointPolicy.MUST_SAVE if wanted else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def occurrence_context(keep: frozenset[tuple[str, int]]) -> Any:
-    """``context_fn`` for torch.utils.checkpoint keeping the listed (op name, occurrence) outputs."""
-    return selective_contexts(_OccurrencePolicy(keep), copied=ROUTING_OPS)
+def occurrence_context(keep: frozenset[tuple[str, int]], module: nn.Module | None = None) -> Any:
+    """``context_fn`` for torch.utils.checkpoint keeping the listed (op name, occurrence) outputs of a call of
+    ``module`` (a collective's where it moves activations, never with no ``module``)."""
+    keeper = collective_keeper({op for op, _ in keep}, module)
+    return selective_contexts(_OccurrencePolicy(keep, keeper), copied=ROUTING_OPS)
 
 
 class PlannedLayer(CheckpointLayer):
@@ -119,7 +132,7 @@ class PlannedLayer(CheckpointLayer):
     def _run(self, module: nn.Module, call_next: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         options: dict[str, Any] = {"preserve_rng_state": self.preserve_rng_state}
         if self.keep:
-            options["context_fn"] = functools.partial(occurrence_context, self.keep)
+            options["context_fn"] = functools.partial(occurrence_context, self.keep, module)
         if not self.offload:
             return checkpoint_call(module, self.path, call_next, args, kwargs, **options)
         with offload_seam.lift_no_offload():  # the plan keeps the rest of the model on the device

@@ -1,4 +1,5 @@
-"""The accelerators a plan can be costed on: peak dense FLOP/s per dtype, memory and host-link bandwidth, memory.
+"""The accelerators a plan can be costed on: peak dense FLOP/s per dtype, memory, host-link and interconnect
+bandwidth, memory.
 
 :data:`DEVICES` holds vendor datasheet figures (dense tensor-core rates: a datasheet's 2:4 sparsity figure
 halved). ``cpu`` is not in the table: its figures are measured, by ``ac-core calibrate`` (see :func:`calibrate`),
@@ -24,10 +25,17 @@ CALIBRATION_ENV = "AC_CORE_CALIBRATION"
 _GiB = 2**30
 
 
+# 10 Gb Ethernet, one direction: the interconnect of the CPU (gloo between hosts) and of figures that give none (a
+# calibration file written before the field): a conservative link, so that a plan keeps a collective's output
+# rather than betting on a fast network.
+_ETHERNET_10G = 1.25e9
+
+
 @dataclass(frozen=True)
 class Device:
-    """One device's peak rates: FLOP/s per dtype (``None``: no such rate, or not measured), memory bandwidth and
-    host link in bytes/s (one direction), memory in bytes."""
+    """One device's peak rates: FLOP/s per dtype (``None``: no such rate, or not measured), memory bandwidth, host
+    link and ``interconnect`` (to the other ranks' devices: NVLink where the card has it, else its PCIe link) in
+    bytes/s (one direction), memory in bytes."""
 
     name: str
     float32: float
@@ -38,6 +46,7 @@ class Device:
     memory: int
     tf32: float | None = None
     float8: float | None = None
+    interconnect: float = _ETHERNET_10G
 
     def peak_flops(self, dtype: torch.dtype | str | None) -> float:
         """The peak FLOP/s for ``dtype`` (a torch dtype or its name, ``"tf32"``); ``None``: float32's. A float32
@@ -59,8 +68,20 @@ _RATES = ("float32", "tf32", "bfloat16", "float16", "float8")
 # the cards report it (an 80 GB A100: 81,920 MiB).
 _PCIE_GEN5 = 64e9  # H100 and H200 datasheets: PCIe Gen5 128 GB/s, both directions
 _PCIE_GEN4 = 32e9  # A100 and L40S datasheets, PCIe Gen4: 64 GB/s both directions
+# Interconnect: NVLink each way (datasheets give both directions summed), else the card's PCIe link: the H100 PCIe's
+# NVLink bridge (600 GB/s) pairs two cards only, and the L40S and RTX 4090 have no NVLink.
+_INTERCONNECTS = {
+    "h100-sxm": 450e9,  # H100 datasheet, SXM: NVLink 900 GB/s
+    "h100-pcie": _PCIE_GEN5,
+    "h200": 450e9,  # H200 datasheet, SXM: NVLink 900 GB/s
+    "a100-40gb": 300e9,  # A100 datasheet, SXM: NVLink 600 GB/s
+    "a100-80gb": 300e9,
+    "b200": 900e9,  # HGX B200 datasheet: fifth-generation NVLink, 1.8 TB/s per GPU
+    "l40s": _PCIE_GEN4,
+    "rtx4090": _PCIE_GEN4,
+}
 
-DEVICES: dict[str, Device] = {
+_DATASHEETS: dict[str, Device] = {
     # NVIDIA H100 Tensor Core GPU datasheet, SXM column: FP32 67 TF; TF32 989, BF16 and FP16 1,979, FP8 3,958 TF
     # with sparsity; HBM3 80 GB at 3.35 TB/s.
     "h100-sxm": Device(
@@ -92,6 +113,10 @@ DEVICES: dict[str, Device] = {
     "rtx4090": Device(
         "rtx4090", 82.6e12, 165.2e12, 165.2e12, 1.008e12, _PCIE_GEN4, 24 * _GiB, tf32=82.6e12, float8=330.3e12
     ),
+}
+
+DEVICES: dict[str, Device] = {
+    name: dataclasses.replace(figures, interconnect=_INTERCONNECTS[name]) for name, figures in _DATASHEETS.items()
 }
 
 _ALIASES = {"h100": "h100-sxm", "a100": "a100-80gb"}
@@ -183,7 +208,8 @@ def _measured_cpu() -> Device:
 def calibrate(where: torch.device | str = "cpu", *, seconds: float = 0.4) -> Device:
     """Measure ``where`` (the CPU or a CUDA device): square matmuls in float32 and bfloat16 (FLOP/s) and a copy
     (bytes read plus written per second), each for about ``seconds``; for CUDA also the host-to-device copy of
-    pinned memory (the host link). On the CPU the host link is its copy bandwidth."""
+    pinned memory (the host link, taken as its interconnect too). On the CPU the host link is its copy bandwidth
+    and its interconnect 10 Gb Ethernet (1.25 GB/s, not measured: gloo between hosts)."""
     where = torch.device(where)
     if where.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("no CUDA device here: calibrate the cpu, or run on a machine with one")
@@ -201,7 +227,8 @@ def calibrate(where: torch.device | str = "cpu", *, seconds: float = 0.4) -> Dev
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     link = nbytes / _best_seconds(lambda: dst.copy_(host, non_blocking=True), where, seconds)
     total = torch.cuda.get_device_properties(where).total_memory
-    return Device("cuda", float32, bfloat16, None, bandwidth, link, total)
+    # No other rank to measure against: the host link, which peer traffic without NVLink crosses too.
+    return Device("cuda", float32, bfloat16, None, bandwidth, link, total, interconnect=link)
 
 
 def _matmul_rate(where: torch.device, dtype: torch.dtype, seconds: float) -> float:

@@ -51,7 +51,11 @@ def plan_decisions(plan: CheckpointPlan, request: GraphRequest) -> GraphDecision
         )
     refuse_offload(any(b.offload for b in plan.blocks))
     plan.check_fits(request.blocks())
-    return GraphDecisions(blocks=plan.blocks, on_compiled=functools.partial(refuse_other_inputs, plan=plan))
+    # A budget counts bytes held: what recomputes without FLOPs (a final norm, a residual summed from kept outputs)
+    # is better recomputed than held, which leaves those bytes to the blocks.
+    return GraphDecisions(
+        blocks=plan.blocks, recompute_free=True, on_compiled=functools.partial(refuse_other_inputs, plan=plan)
+    )
 
 
 def torch_budget(budget: MemoryBudget, plan: CheckpointPlan) -> GraphDecisions:

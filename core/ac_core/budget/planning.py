@@ -3,6 +3,7 @@ the whole step's predicted peak (:mod:`.predict`, which plans through :mod:`.pla
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,10 +16,54 @@ from .checkpoint_plan import CheckpointPlan
 from .memory_budget import MemoryBudget
 from .offload_cost import offload_request
 from .planner import DeviceLike, _costing, default_device, named_containers, plan_from_profile, resolve_device
-from .predict import plan_blocks_for_step
-from .profile import profile_model
+from .predict import StepFacts, StepPeak, plan_for_step, plan_peak, step_facts
+from .profile import ModelProfile, profile_model
 from .solve import Cost
 from .step_budget import StepBudget, refuse_step_offload
+
+
+class StepPlanner:
+    """Plans of one model at one input for step budgets that differ only in memory, and their predicted peaks:
+    the model profiled once and the step's facts measured once (:func:`~ac_core.predict_step`'s), so that
+    ``ac-core plan`` prices the budgets beside a plan without profiling again. ``device`` None: the step budget's
+    accelerator where it names one, else the model's own (:func:`default_device`)."""
+
+    def __init__(
+        self,
+        blocks: ModelBlocks,
+        example_inputs: Any,
+        step_budget: StepBudget,
+        *,
+        cost: Cost | None = None,
+        device: DeviceLike | None = None,
+    ) -> None:
+        if device is None and step_budget.device not in (None, "cpu"):
+            device = step_budget.device  # the CPU only where calibrated: default_device's rule, below
+        self.device = resolve_device(device) if device is not None else default_device(blocks.model)
+        _costing(cost, self.device)
+        self.blocks, self.example_inputs, self.step_budget = blocks, example_inputs, step_budget
+        self.cost: Cost | None = cost
+        self._profile: ModelProfile | None = None
+        self._facts: StepFacts | None = None
+
+    def _measured(self) -> tuple[ModelProfile, StepFacts]:
+        if self._profile is None or self._facts is None:
+            self._profile = profile_model(self.blocks, self.example_inputs)
+            self._facts = step_facts(self.blocks, self.example_inputs, self.step_budget)
+        return self._profile, self._facts
+
+    def plan(self, memory: int | str | None = None) -> CheckpointPlan:
+        """The least-recompute plan within the step budget, or the same budget at ``memory`` (bytes or a size)."""
+        budget = self.step_budget if memory is None else dataclasses.replace(self.step_budget, memory=memory)
+        profile, facts = self._measured()
+        containers = named_containers(self.blocks)
+        return plan_for_step(profile, facts, budget, containers, cost=self.cost, device=self.device)
+
+    def predict(self, plan: CheckpointPlan) -> StepPeak:
+        """``plan``'s predicted step peak under the step budget (its memory: the plan's own step budget's)."""
+        plan.check_fits(self.blocks)
+        budget = plan.step_budget if plan.step_budget is not None else self.step_budget
+        return plan_peak(plan, self._measured()[1], budget)
 
 
 def plan_blocks(
@@ -31,15 +76,14 @@ def plan_blocks(
     device: DeviceLike | None = None,
 ) -> CheckpointPlan:
     """The plan for ``memory_budget`` on resolved ``blocks`` (what the policies' handlers call); ``device``
-    None: the model's own (:func:`default_device`)."""
+    None: a step budget's accelerator (its ``device``, a name in the table), else the model's own
+    (:func:`default_device`)."""
     offload_request(offload)  # a bad offload= fails before the model runs
-    where = resolve_device(device) if device is not None else default_device(blocks.model)
-    _costing(cost, where)
     if isinstance(memory_budget, StepBudget):
         refuse_step_offload(offload)
-        return plan_blocks_for_step(
-            blocks, example_inputs, memory_budget, named_containers(blocks), cost=cost, device=where
-        )
+        return StepPlanner(blocks, example_inputs, memory_budget, cost=cost, device=device).plan()
+    where = resolve_device(device) if device is not None else default_device(blocks.model)
+    _costing(cost, where)
     profile = profile_model(blocks, example_inputs)
     containers = named_containers(blocks)
     return plan_from_profile(profile, memory_budget, offload=offload, containers=containers, cost=cost, device=where)
@@ -72,10 +116,11 @@ def plan_activation_checkpointing(
     ``cost="time"`` minimises the recompute's predicted seconds on ``device`` (each op occurrence's roofline, see
     :mod:`~ac_core.budget.roofline`: memory-bound ops such as a GELU or a norm cost time without FLOPs);
     ``cost="flops"`` its FLOPs. ``device``: a name from :data:`~ac_core.budget.devices.DEVICES` (``"h100"``),
-    ``"cpu"`` (``ac-core calibrate``'s figures, else measured now) or a torch device; None: the model's
-    parameters' device where its figures are known without measuring (:func:`default_device`: a CUDA device
-    in the table, the CPU once calibrated). ``cost`` None: time where a device is known, else FLOPs (planning
-    on ``meta`` for a cluster: pass ``device="h100"``). With a device, the plan records each block's predicted
+    ``"cpu"`` (``ac-core calibrate``'s figures, else measured now) or a torch device; None: a
+    :class:`~ac_core.StepBudget`'s accelerator where it names one, else the model's parameters' device where its
+    figures are known without measuring (:func:`default_device`: a CUDA device in the table, the CPU once
+    calibrated). ``cost`` None: time where a device is known, else FLOPs (planning on ``meta`` for a cluster:
+    pass ``device="h100"``). With a device, the plan records each block's predicted
     seconds and the predicted step-time overhead over ``none``, whichever the cost.
 
     ``offload=True`` (or an :class:`~ac_core.OffloadConfig`, for its ``min_bytes``, ``max_inflight_bytes``,

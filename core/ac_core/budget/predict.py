@@ -41,6 +41,7 @@ from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..blocks import ModelBlocks, resolve_blocks
+from ..collectives import agreed
 from ..measure.memory import LivePeak, held_for_backward, live_nbytes, plain_tensors, storage_ref
 from ..op_names import op_matches
 from ..policies import BlockMode, CheckpointType, retained_ops
@@ -54,6 +55,7 @@ from .memory_budget import MemoryBudget
 from .planner import plan_from_profile
 from .profile import (
     ModelProfile,
+    OpOccurrence,
     _CpuAttentionOnMeta,
     _detached_copy,
     _fed,
@@ -374,8 +376,14 @@ def peak_of(facts: StepFacts, budget: StepBudget, held: int, parts: Sequence[tup
     )
 
 
-def _plan_peak(plan: CheckpointPlan, facts: StepFacts, budget: StepBudget) -> StepPeak:
+def plan_peak(plan: CheckpointPlan, facts: StepFacts, budget: StepBudget) -> StepPeak:
+    """``plan``'s predicted step peak from the step's ``facts`` under ``budget``."""
     return peak_of(facts, budget, plan.device_bytes, [(b.mode, b.held_bytes) for b in plan.blocks])
+
+
+def _kept_by(op: OpOccurrence, kept: frozenset[str]) -> bool:
+    # A collective named in kept is kept only where it moves activations (see ac_core.collectives).
+    return op_matches(op.op, kept) and not op.moves_parameters
 
 
 def _fixed_parts(profile: ModelProfile, policy: str, kept: frozenset[str]) -> tuple[int, list[tuple[BlockMode, int]]]:
@@ -385,7 +393,7 @@ def _fixed_parts(profile: ModelProfile, policy: str, kept: frozenset[str]) -> tu
     if policy == "full":
         parts = [(BlockMode.FULL, p.routing_bytes) for p in blocks]
     else:
-        parts = [(BlockMode.OPS, sum(op.nbytes for op in p.recomputed if op_matches(op.op, kept))) for p in blocks]
+        parts = [(BlockMode.OPS, sum(op.nbytes for op in p.recomputed if _kept_by(op, kept))) for p in blocks]
     return profile.min_bytes + sum(part for _, part in parts), parts
 
 
@@ -417,16 +425,19 @@ def predict_step(
         resolved = resolve_blocks(model, adapter, blocks if blocks is not None else plan_or_policy.containers)
         plan_or_policy.check_fits(resolved)
         facts = step_facts(resolved, example_inputs, step_budget)
-        return _plan_peak(plan_or_policy, facts, step_budget)
+        return plan_peak(plan_or_policy, facts, step_budget)
     policy = _policy_name(plan_or_policy)
     resolved = resolve_blocks(model, adapter, blocks)
     profile = profile_model(resolved, example_inputs)
     held, parts = _fixed_parts(profile, policy, retained_ops(resolved))
-    return peak_of(step_facts(resolved, example_inputs, step_budget), step_budget, held, parts)
+    facts = agreed(step_facts(resolved, example_inputs, step_budget), profile.group)  # see plan_for_step
+    return peak_of(facts, step_budget, held, parts)
 
 
-# Held budgets tried between the least and none's: a bisection, each step one solve.
+# Held budgets tried between the least and none's: a bisection, each step one solve, until the held bytes left
+# undecided are under 1/_RESOLUTION of the memory (a fiftieth of the default 5% margin) or after _STEPS.
 _STEPS = 16
+_RESOLUTION = 1024
 
 
 def plan_for_step(
@@ -441,6 +452,8 @@ def plan_for_step(
     """The least-recompute plan whose predicted step peak (with the margin) stays within ``budget``'s memory:
     the held budget bisected between the least any plan holds and what ``none`` holds; ``cost`` and ``device``
     as :func:`~ac_core.plan_activation_checkpointing` takes them."""
+    # Measured by each rank of a context-parallel model: the first rank's, so that every rank plans the same.
+    facts = agreed(facts, profile.group)
 
     def plan_at(held: int) -> CheckpointPlan:
         at = MemoryBudget(f"{budget.describe()}: {held} bytes held", nbytes=held)
@@ -453,7 +466,7 @@ def plan_for_step(
         return seconds if plan.cost == "time" and seconds is not None else plan.recompute_flops
 
     def fits(plan: CheckpointPlan) -> bool:
-        return _plan_peak(plan, facts, budget).fits
+        return plan_peak(plan, facts, budget).fits
 
     none_parts = [(BlockMode.NONE, p.none_bytes) for _, p in profile.blocks]
     none_peak = peak_of(facts, budget, profile.none_bytes, none_parts)
@@ -462,7 +475,7 @@ def plan_for_step(
         return plan_at(profile.none_bytes)
     low = profile.min_bytes + profile.routing_bytes
     best = plan_at(low)
-    least = _plan_peak(best, facts, budget)
+    least = plan_peak(best, facts, budget)
     if not least.fits:
         what, nbytes, fix = least.dominant()
         raise ValueError(
@@ -472,7 +485,7 @@ def plan_for_step(
         )
     high = profile.none_bytes - 1
     for _ in range(_STEPS):
-        if high <= low:
+        if high - low <= budget.nbytes // _RESOLUTION:
             break
         middle = (low + high + 1) // 2
         plan = plan_at(middle)
@@ -483,21 +496,6 @@ def plan_for_step(
         else:
             high = middle - 1
     return best
-
-
-def plan_blocks_for_step(
-    resolved: ModelBlocks,
-    example_inputs: Any,
-    budget: StepBudget,
-    containers: tuple[str, ...] | None,
-    *,
-    cost: Cost | None = None,
-    device: Device | None = None,
-) -> CheckpointPlan:
-    """:func:`plan_for_step` on a fresh profile of ``resolved`` at ``example_inputs``."""
-    profile = profile_model(resolved, example_inputs)
-    facts = step_facts(resolved, example_inputs, budget)
-    return plan_for_step(profile, facts, budget, containers, cost=cost, device=device)
 
 
 __all__ = ["StepPeak", "predict_step"]

@@ -37,6 +37,16 @@ from torch.utils._pytree import tree_map
 from .. import _chain, _checkpoint
 from .._recompute import named_tensors
 from ..blocks import Block, ModelBlocks
+from ..collectives import (
+    CollectiveKeeper,
+    agreed,
+    block_state,
+    group_name,
+    group_size,
+    is_collective,
+    is_keepable_collective,
+    settle,
+)
 from ..measure.flops import GlobalFlopCounter
 from ..measure.memory import held_for_backward, live_nbytes, new_storages, plain_tensors, storage_ref
 from ..op_names import op_matches
@@ -81,7 +91,10 @@ class OpOccurrence:
 
     ``bytes_moved``: the storages it reads (its tensor arguments) plus those it writes (new outputs, in-place
     targets), each storage counted once per side; none for a view. ``dtype``: its first floating output's
-    (``"bfloat16"``), ``None`` without one. With the FLOPs they give its roofline time (:mod:`.roofline`)."""
+    (``"bfloat16"``), ``None`` without one. ``ranks``: for a collective, the ranks its group spans (a
+    context-parallel all-to-all: ``cp``), else 1; ``moves_parameters``: a collective that moves the block's
+    parameters (an all-gather of a weight shard), which nothing keeps. With the FLOPs they give its roofline time
+    (:mod:`.roofline`), a collective's over the interconnect."""
 
     op: str
     index: int
@@ -89,6 +102,8 @@ class OpOccurrence:
     flops: int
     bytes_moved: int = 0
     dtype: str | None = None
+    ranks: int = 1
+    moves_parameters: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,8 +119,11 @@ class BlockProfile:
     before the block first lets tensor values decide its shapes or control flow (see :class:`_ValueReads`).
     ``routing``: the recomputed occurrences of :data:`~ac_core.ops.ROUTING_OPS`, which every plan keeps.
     ``recomputed``: every occurrence recomputing it whole runs, timed by :meth:`recompute_seconds`.
-    ``timed_candidates``: the candidates and the keepable ops without FLOPs (a GELU, a norm: memory-bound), worth
-    keeping where recompute is costed in time. ``forward``: every op call of its forward, in order.
+    ``timed_candidates``: the candidates and the keepable ops without FLOPs (a GELU, a norm: memory-bound; a
+    functional collective moving activations, which takes its time on the interconnect), worth keeping where
+    recompute is costed in time; a collective moving the block's parameters never is. ``forward``: every op call
+    of its forward, in order. ``group``: the process group its collectives ran over (None: none ran over more
+    than one rank).
     """
 
     class_name: str
@@ -119,6 +137,7 @@ class BlockProfile:
     recomputed: tuple[OpOccurrence, ...] = ()  # every op recompute_flops sums
     timed_candidates: tuple[OpOccurrence, ...] = ()
     forward: tuple[OpOccurrence, ...] = ()
+    group: str | None = None
 
     def recompute_seconds(self, device: Device) -> float:
         """Predicted seconds of checkpointing it whole on ``device``: the roofline times of the ops it recomputes."""
@@ -176,6 +195,12 @@ class ModelProfile:
     def outside_bytes(self) -> int:
         return max(0, self.none_bytes - sum(profile.none_bytes for _, profile in self.blocks))
 
+    @property
+    def group(self) -> str | None:
+        """The process group the blocks' collectives ran over (the first block's that ran any), None where none
+        did: every rank of it profiled together."""
+        return next((p.group for _, p in self.blocks if p.group is not None), None)
+
 
 def _decides_shapes(func: Any, args: tuple) -> bool:
     """Whether an op call reads tensor values (``.item()`` inside a kernel) or gives an output whose shape they
@@ -194,18 +219,20 @@ def _decides_shapes(func: Any, args: tuple) -> bool:
 class _OpRecorder(TorchDispatchMode):
     """Per op call: name, occurrence, FLOPs (read off the flop counter below it), bytes of new storages, bytes
     moved and dtype; and which calls' outputs a later op changes in place (``mutated``, by position in ``ops``),
-    which a selective checkpoint cannot keep (the kept value would no longer be the op's output); and
-    ``values_decide``: the position of the first call after which tensor values, not shapes, may decide what the
-    block runs."""
+    which a selective checkpoint cannot keep (the kept value would no longer be the op's output); for a functional
+    collective, the ranks of its group and whether it moves the block's parameters; and ``values_decide``: the
+    position of the first call after which tensor values, not shapes, may decide what the block runs."""
 
-    def __init__(self, counter: GlobalFlopCounter) -> None:
+    def __init__(self, counter: GlobalFlopCounter, keeper: CollectiveKeeper | None = None) -> None:
         super().__init__()
         self.counter = counter
+        self.keeper = keeper if keeper is not None else CollectiveKeeper(())  # no state: every input an activation
         self.seen: dict[str, int] = defaultdict(int)
         self.ops: list[OpOccurrence] = []
         self.made_by: dict[int, int] = {}  # storage -> position of the op call that made it
         self.mutated: set[int] = set()
         self.values_decide: int | None = None
+        self.group: str | None = None  # the process group of the first collective over more than one rank
 
     def values_read(self) -> None:
         if self.values_decide is None:
@@ -229,8 +256,20 @@ class _OpRecorder(TorchDispatchMode):
         nbytes = sum(live_nbytes(ref) for ref in made.values())
         flops = self.counter.get_total_flops() - before
         moved = _moved(func, args, kwargs, made.values())
-        self.ops.append(OpOccurrence(name, index, nbytes, flops, moved, _float_dtype(out)))
+        ranks, parameters = 1, False
+        if is_keepable_collective(name):
+            group = group_name(func, args, kwargs)
+            ranks = group_size(group)
+            self.group = self.group or (group if ranks > 1 else None)
+            parameters = not self.keeper.moves_activations(args, kwargs)
+        self.keeper.saw(args, kwargs, out)
+        self.ops.append(OpOccurrence(name, index, nbytes, flops, moved, _float_dtype(out), ranks, parameters))
         return out
+
+
+def _keepable_collective(op: OpOccurrence) -> bool:
+    """True for any op but a collective no plan may keep: a wait, c10d's own, one moving parameters."""
+    return not is_collective(op.op) or (is_keepable_collective(op.op) and not op.moves_parameters)
 
 
 def _moved(func: Any, args: tuple, kwargs: dict, made: Iterable[StorageWeakRef]) -> int:
@@ -242,6 +281,38 @@ def _moved(func: Any, args: tuple, kwargs: dict, made: Iterable[StorageWeakRef])
     writes = {ref.cdata: live_nbytes(ref) for ref in made}
     writes |= {storage_ref(t).cdata: t.untyped_storage().nbytes() for t in written(func, args, kwargs)}
     return sum(reads.values()) + sum(writes.values())
+
+
+class _Collectives(TorchDispatchMode):
+    """The process groups of the functional collectives run inside it, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.groups: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if is_keepable_collective(func.name()):
+            group = group_name(func, args, kwargs)
+            if group is not None and group not in self.groups:
+                self.groups.append(group)
+        return func(*args, **kwargs)
+
+
+def _settled(run: Callable[[], Any]) -> Callable[[], Any]:
+    """``run``, then :func:`~ac_core.collectives.settle` over the groups its collectives ran over, so that what is
+    measured alive after it is the same on every run and rank; the barrier outside every mode (no op of the
+    block)."""
+
+    def settled() -> Any:
+        with _Collectives() as seen:
+            out = run()
+        if seen.groups:
+            with _disable_current_modes():
+                settle(seen.groups)
+        return out
+
+    return settled
 
 
 def _float_dtype(out: Any) -> str | None:
@@ -439,7 +510,8 @@ def profile_alone(
         args, kwargs = _fed(args), _fed(kwargs)
         inputs = named_tensors(args, kwargs)
         guard.watch(tensor for _, tensor in inputs)
-        profile = _profile_block(functools.partial(call, *args, **kwargs), block.class_name, key)
+        run = functools.partial(call, *args, **kwargs)
+        profile = _profile_block(run, block.class_name, key, block_state(block.module))
     changed = [f"{name} by {guard.writers[id(tensor)]}" for name, tensor in inputs if id(tensor) in guard.writers]
     if changed:
         raise ValueError(
@@ -451,10 +523,12 @@ def profile_alone(
     return profile
 
 
-def _profile_block(run: Callable[[], Any], class_name: str, key: ProfileKey) -> BlockProfile:
-    """Profile one call of a block: ``run`` calls it."""
+def _profile_block(
+    run: Callable[[], Any], class_name: str, key: ProfileKey, state: Iterable[torch.Tensor] = ()
+) -> BlockProfile:
+    """Profile one call of a block: ``run`` calls it; ``state``: its parameters and buffers."""
     counter = GlobalFlopCounter()
-    recorder = _OpRecorder(counter)
+    recorder = _OpRecorder(counter, CollectiveKeeper(state))
     packed_after = [0]  # ops run when the last saved tensor was packed
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -466,11 +540,15 @@ def _profile_block(run: Callable[[], Any], class_name: str, key: ProfileKey) -> 
 
     reads = _ValueReads(recorder)
     with counter, recorder, reads, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        _, block_bytes = held_for_backward(run)
+        _, block_bytes = held_for_backward(_settled(run))
     recomputed = recorder.ops[: packed_after[0]]
     routing = [op for op in recomputed if op_matches(op.op, ROUTING_OPS)]
     stable = recomputed[: recorder.values_decide]
-    keepable = [op for i, op in enumerate(stable) if i not in recorder.mutated and not op_matches(op.op, ROUTING_OPS)]
+    keepable = [
+        op
+        for i, op in enumerate(stable)
+        if i not in recorder.mutated and not op_matches(op.op, ROUTING_OPS) and _keepable_collective(op)
+    ]
     return BlockProfile(
         class_name=class_name,
         signature=key.signature,
@@ -482,6 +560,7 @@ def _profile_block(run: Callable[[], Any], class_name: str, key: ProfileKey) -> 
         recomputed=tuple(recomputed),
         timed_candidates=tuple(op for op in keepable if op.nbytes > 0),
         forward=tuple(recorder.ops),
+        group=recorder.group,
     )
 
 
@@ -538,7 +617,8 @@ def profile_model(resolved: ModelBlocks, example_inputs: Any) -> ModelProfile:
             torch.enable_grad(),
             _CpuAttentionOnMeta(),
         ):
-            _, none_bytes = held_for_backward(lambda: call_model(model, example_inputs))  # its result is not counted
+            # Its result is not counted.
+            _, none_bytes = held_for_backward(_settled(lambda: call_model(model, example_inputs)))
     finally:
         for handle in handles:
             handle.remove()
@@ -558,7 +638,7 @@ def profile_model(resolved: ModelBlocks, example_inputs: Any) -> ModelProfile:
     with isolated(model, example_inputs) as guard, _failures_named(resolved, guard):
         full_bytes, saved_inputs = _held_all_full(resolved, example_inputs)
     served = resolved.served_model
-    return ModelProfile(
+    profile = ModelProfile(
         model_class=f"{type(served).__module__}.{type(served).__qualname__}",
         inputs=inputs_signature(example_inputs),
         blocks=tuple((b.path, _per_forward(profiles[keys[b.path]], calls[b.path])) for b in blocks),
@@ -567,6 +647,8 @@ def profile_model(resolved: ModelBlocks, example_inputs: Any) -> ModelProfile:
         full_bytes=full_bytes,
         saved_inputs=saved_inputs,
     )
+    # A context-parallel model's ranks measure their own forwards: each takes the first rank's (see agreed).
+    return agreed(profile, profile.group)
 
 
 def _per_forward(profile: BlockProfile, calls: int) -> BlockProfile:
@@ -586,6 +668,7 @@ def _per_forward(profile: BlockProfile, calls: int) -> BlockProfile:
         recomputed=_times(profile.recomputed, calls),
         timed_candidates=_times(profile.timed_candidates, calls),
         forward=_times(profile.forward, calls),
+        group=profile.group,
     )
 
 
@@ -608,7 +691,7 @@ def _held_all_full(resolved: ModelBlocks, example_inputs: Any) -> tuple[int, Sav
             _checkpoint.install(b.module, layer)
         try:
             with torch.enable_grad(), _CpuAttentionOnMeta(), InputRecorder(resolved, example_inputs) as recorder:
-                out, held = held_for_backward(lambda: call_model(resolved.model, example_inputs))
+                out, held = held_for_backward(_settled(lambda: call_model(resolved.model, example_inputs)))
             saved = recorder.finish()  # while ``out`` keeps the forward's graph alive
             del out
         finally:

@@ -12,9 +12,10 @@ are weights, FLOPs saved are values), solved with torch's ``dp_knapsack``:
 
 - not ``ilp_knapsack``: it needs scipy, which ac-core does not depend on, and a plan must not change with what
   else is installed (reproducible: same inputs, same plan);
-- not ``greedy_knapsack`` alone: it is a ratio heuristic; the DP is optimal up to its quantisation. We quantise
-  bytes upwards (so the DP never overshoots the budget) and then fill what the rounding left with a greedy
-  pass on exact bytes.
+- not ``greedy_knapsack`` alone: it is a ratio heuristic; the DP is optimal up to its quantisation. Where the
+  items' bytes share a unit (their gcd) that splits the capacity into at most 65,536, it is exact; else we
+  quantise bytes upwards (so the DP never overshoots the budget) and then fill what the rounding left with a
+  greedy pass on exact bytes.
 
 Leaving a block unchecked is a choice per block, not per op, so it is not an item: where ``none`` holds less
 than keeping every keepable op of a block (otherwise ``none`` never does better), we try each count of
@@ -35,6 +36,7 @@ Priced in time, offload costs the host-link time it leaves exposed (:func:`offlo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Sequence
@@ -45,7 +47,8 @@ from torch._functorch._activation_checkpointing.knapsack import dp_knapsack
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..offload import OffloadConfig
-from ..policies import BlockMode
+from ..op_names import op_matches
+from ..policies import BlockDecision, BlockMode
 from .devices import Device
 from .offload_cost import Moved, OffloadCost
 from .profile import BlockProfile, ModelProfile, OpOccurrence
@@ -53,8 +56,11 @@ from .roofline import op_time, transfer_seconds
 
 Cost = Literal["time", "flops"]
 
-# torch's dp_knapsack quantises memory to 1/_SCALE of the capacity.
+# torch's dp_knapsack quantises memory to 1/_SCALE of what it is given as the capacity.
 _SCALE = 10000
+# Most units the capacity is split into. Where the items' bytes share a unit (their gcd) that splits it into no more,
+# the DP is exact: a set of items fits just when its units do (the toy's blocks fill a budget to the byte).
+_FINE = 1 << 16
 # Most (group, unchecked count) combinations tried; beyond it each group tries fewer counts, evenly spread.
 _MAX_COMBINATIONS = 256
 
@@ -73,27 +79,76 @@ class Choice:
     offload_seconds: float = 0.0
 
 
+def _equal(items: Sequence[OpOccurrence], values: Sequence[float]) -> dict[tuple[int, float], list[int]]:
+    """Indices of ``items`` by (bytes, value), in order: equal items are the same op of identical blocks."""
+    equal: dict[tuple[int, float], list[int]] = {}
+    for i, op in enumerate(items):
+        equal.setdefault((op.nbytes, values[i]), []).append(i)
+    return equal
+
+
+def _bundles(equal: dict[tuple[int, float], list[int]]) -> list[tuple[tuple[int, float], int]]:
+    """The knapsack's 0/1 items as (key, how many): each set of ``equal`` items split in 1, 2, 4, ... of them, so
+    that any count of them is a set of bundles. Exact, and the table shrinks from a row per block's op to a few
+    per distinct op: 60 identical blocks plan in seconds."""
+    bundles = []
+    for key, indices in equal.items():
+        size, left = 1, len(indices)
+        while left:
+            bundles.append((key, min(size, left)))
+            left -= min(size, left)
+            size *= 2
+    return bundles
+
+
 def _knapsack(items: Sequence[OpOccurrence], values: Sequence[float], capacity: int) -> list[int]:
     """Indices of ``items`` to keep: most ``values`` saved with total bytes <= ``capacity``."""
     if not items or capacity <= 0:
         return []
-    unit = capacity / _SCALE
-    quantised = [min(_SCALE + 1, math.ceil(op.nbytes / unit)) for op in items]
-    top = max(values)
+    equal = _equal(items, values)
+    bundles = _bundles(equal)
+    step = math.gcd(*(nbytes for nbytes, _ in equal))
+    if capacity < step:  # every item is a multiple of step: none fits
+        return []
+    # Else the coarser quantisation of before: a finer one costs the DP its table's width on every solve.
+    units, unit = (capacity // step, step) if capacity // step <= _FINE else (_SCALE, capacity / _SCALE)
+    quantised = [min(units + 1, math.ceil(nbytes * n / unit)) for (nbytes, _), n in bundles]
+    top = max(value * n for (_, value), n in bundles)
+    scores = [value * n / top for (_, value), n in bundles]
     with _disable_current_modes():  # planned under FakeTensorMode, dp_knapsack's own tensors must be real
-        _, saved, _ = dp_knapsack([q / _SCALE for q in quantised], [v / top for v in values], 1.0)
-    chosen = set(saved)
+        _, saved, _ = dp_knapsack([q / _SCALE for q in quantised], scores, units / _SCALE)
+    count = dict.fromkeys(equal, 0)
+    for b in saved:
+        count[bundles[b][0]] += bundles[b][1]
+    # Of equal items, the first ones in order are kept: which of identical blocks keeps an op changes nothing.
+    taken = {key: indices[: count[key]] for key, indices in equal.items()}
+    used = sum(nbytes * len(kept) for (nbytes, _), kept in taken.items())
     # Fill what rounding up left, on exact bytes, best ratio first (ties by position).
-    used = sum(items[i].nbytes for i in chosen)
-    for i in sorted(range(len(items)), key=lambda i: (-values[i] / items[i].nbytes, i)):
-        if i not in chosen and used + items[i].nbytes <= capacity:
-            chosen.add(i)
-            used += items[i].nbytes
-    return sorted(chosen)
+    for (nbytes, value), indices in sorted(equal.items(), key=lambda kv: (-kv[0][1] / kv[0][0], kv[1][0])):
+        more = min(len(indices) - count[nbytes, value], (capacity - used) // nbytes)
+        if more > 0:
+            taken[nbytes, value] = indices[: count[nbytes, value] + more]
+            used += more * nbytes
+    return sorted(i for kept in taken.values() for i in kept)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _op_seconds(op: OpOccurrence, device: Device) -> float:
+    # A solve prices the same occurrences for every layout it tries: the roofline once each.
+    return op_time(op, device).seconds
 
 
 def _seconds(ops: Iterable[OpOccurrence], device: Device) -> float:
-    return sum(op_time(op, device).seconds for op in ops)
+    return sum(_op_seconds(op, device) for op in ops)
+
+
+def _still_recomputed(
+    profile: BlockProfile, keep: Iterable[tuple[str, int]] = (), retain: frozenset[str] = frozenset()
+) -> list[OpOccurrence]:
+    """The occurrences a checkpointed block recomputes keeping the occurrences ``keep`` and every occurrence of the
+    op names ``retain``: summed over what stays recomputed, not subtracted, so keeping every op predicts 0 s."""
+    kept = set(keep)
+    return [op for op in profile.recomputed if (op.op, op.index) not in kept and not op_matches(op.op, retain)]
 
 
 def _checkpointed(profile: BlockProfile, kept: list[OpOccurrence], offload: bool, device: Device | None) -> Choice:
@@ -101,10 +156,7 @@ def _checkpointed(profile: BlockProfile, kept: list[OpOccurrence], offload: bool
     keep = tuple(sorted((op.op, op.index) for op in kept))
     saved = sum(op.flops for op in kept)
     flops = max(0, profile.recompute_flops - saved)
-    # Summed over what stays recomputed, not subtracted: keeping every op then predicts exactly 0 s.
-    kept_set = set(keep)
-    rest = (op for op in profile.recomputed if (op.op, op.index) not in kept_set)
-    seconds = _seconds(rest, device) if device is not None else 0.0
+    seconds = _seconds(_still_recomputed(profile, keep), device) if device is not None else 0.0
     mode = BlockMode.OPS if keep else BlockMode.FULL
     return Choice(mode, keep, sum(op.nbytes for op in kept), flops, offload, seconds)
 
@@ -120,6 +172,26 @@ def none_step_seconds(profile: ModelProfile, device: Device) -> float:
     elementwise op's reads and writes about twice its bytes). Ops outside the blocks are not profiled, so not
     counted."""
     return 3 * sum(forward_seconds(p, device) for _, p in profile.blocks)
+
+
+def recompute_seconds(profile: ModelProfile, decisions: Iterable[BlockDecision], device: Device) -> float:
+    """Predicted seconds on ``device`` of what backward recomputes under ``decisions`` (a plan's blocks, or a fixed
+    policy's selections as decisions; a block none names is unchecked), priced as the knapsack prices its
+    choices: a ``full`` block the roofline of every op its recompute runs (``BlockProfile.recompute_seconds``), an
+    ``ops`` block the same less its kept occurrences (``keep``) and every occurrence of its retained op names
+    (``retain``). Over :func:`none_step_seconds` it is the predicted step-time overhead over ``none``."""
+    blocks = dict(profile.blocks)
+    seconds = 0.0
+    for decision in decisions:
+        block = blocks.get(decision.path)
+        if block is None:
+            raise ValueError(
+                f"block {decision.path!r} is not in the profile of {profile.model_class} (its blocks: "
+                f"{', '.join(list(blocks)[:4])}{' ...' if len(blocks) > 4 else ''}); profile the blocks decided on"
+            )
+        if decision.mode != BlockMode.NONE:
+            seconds += _seconds(_still_recomputed(block, decision.keep, decision.retain), device)
+    return seconds
 
 
 def offload_seconds(
@@ -175,6 +247,7 @@ class _Problem:
         self.cost = cost
         self.device = device
         self.items = [self._items(p) for p in self.blocks]
+        self._choices: dict[tuple[int, tuple[tuple[str, int], ...]], Choice] = {}
 
     def _items(self, block: BlockProfile) -> tuple[list[OpOccurrence], list[float]]:
         """``block``'s knapsack items and what keeping each saves, in this problem's cost."""
@@ -223,10 +296,19 @@ class _Problem:
         choices = [
             Choice(BlockMode.NONE, (), p.none_bytes, 0)
             if i in unchecked
-            else _checkpointed(p, by_block.get(i, []), i in offloaded, self.device)
+            else self._checkpointed(i, by_block.get(i, []), i in offloaded)
             for i, p in enumerate(blocks)
         ]
         return self.priced(choices)
+
+    def _checkpointed(self, i: int, kept: list[OpOccurrence], offload: bool) -> Choice:
+        """:func:`_checkpointed` for block ``i``, remembered: the layouts tried give identical blocks the same
+        keeps over and over, and pricing a keep sums its block's whole recompute."""
+        key = (id(self.blocks[i]), tuple((op.op, op.index) for op in kept))
+        choice = self._choices.get(key)
+        if choice is None:
+            choice = self._choices[key] = _checkpointed(self.blocks[i], kept, False, self.device)
+        return dataclasses.replace(choice, offload=True) if offload else choice
 
     def priced(self, choices: list[Choice]) -> list[Choice]:
         """``choices`` with the exposed host-link seconds of their offload, where a device prices it."""

@@ -13,6 +13,9 @@ from typing import Any
 import torch
 
 from ..budget import MemoryBudget
+from ..budget.devices import Device, calibration_path
+from ..budget.planner import resolve_device
+from ..budget.step_budget import OPTIMIZERS
 from ..offload import OffloadConfig
 from ..policies import BlockSkip, Full
 from ..spec import AdapterSpec, ModelSpec
@@ -32,8 +35,8 @@ from ._common import (
     stderr,
     stdout,
 )
-from .plan import budget_value
-from .rows import BUDGET, LIBRARY, NONE, Row, row_names, variants
+from .plan import budget_value, memory_value
+from .rows import BUDGET, CLOCKS, LIBRARY, NONE, STEP, Row, row_names, variants
 
 DEVICES = ("cpu", "cuda")
 DEFAULT_BUDGETS = "0.25,0.5,0.75"
@@ -45,6 +48,31 @@ def _budgets(value: str) -> list[MemoryBudget]:
         return [budget_value(name) for name in split_names(value)]
     except argparse.ArgumentTypeError as exc:
         raise CLIError(f"--budget: {exc}") from None
+
+
+def _memories(value: str) -> list[int | str]:
+    """``--memory``: comma-separated step budgets, one rank's memory as bytes or sizes (not fractions)."""
+    try:
+        memories = [memory_value(name) for name in split_names(value)]
+    except argparse.ArgumentTypeError as exc:
+        raise CLIError(f"--memory: {exc}") from None
+    if not memories:
+        raise CLIError("--memory names no step budget; e.g. --memory 2GiB,3GiB (one rank's memory for a whole step)")
+    return memories
+
+
+def _figures(name: str, flag: str) -> Device:
+    """The device figures ``flag`` asks for: a device table name, ``cpu`` as ``ac-core calibrate`` measured it
+    (never measured on the fly: the figures would change from run to run), or ``cuda`` by its name."""
+    if name.strip().lower() == "cpu" and not calibration_path().exists():
+        raise CLIError(
+            f"{flag} cpu: no calibration at {calibration_path()}; run `ac-core calibrate` first (or point "
+            "AC_CORE_CALIBRATION at its file)"
+        )
+    try:
+        return resolve_device(name)
+    except ValueError as exc:
+        raise CLIError(f"{flag}: {exc}") from None
 
 
 def _n_layers(value: str) -> list[int]:
@@ -81,8 +109,21 @@ def _validate(args: argparse.Namespace) -> tuple[list[tuple[AdapterSpec, list[Mo
             f"--subsets measures the checkpointing policies on subsets of containers; add one of "
             f"{', '.join(n for n in valid if n not in (NONE, LIBRARY))} to --policy"
         )
+    if args.clock == "cpu" and args.device != "cpu":
+        raise CLIError(
+            f"--clock cpu times the process's CPU time, which a {args.device} step's kernels do not spend; "
+            "use --clock wall there"
+        )
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CLIError(f"--device cuda: CUDA is not available here (torch {torch.__version__}); valid values: cpu")
+    args.memories = [] if args.memory is None else _memories(args.memory)
+    if args.optimizer is not None and not args.memories:
+        raise CLIError(f"--optimizer counts its state in the {STEP} rows' step budgets; give --memory SIZE[,SIZE...]")
+    args.figures = None if args.predict is None else _figures(args.predict, "--predict")
+    # Step rows' time-costed plans need a device's figures: --predict's, else the device the rows run on.
+    args.step_figures = args.figures
+    if args.memories and args.step_figures is None:
+        args.step_figures = _figures(args.device, f"--memory (its {STEP} rows costed in time on --device)")
     check_size_arguments(args, adapters)
     selected = [(adapter, models_for(adapter, args.preset)) for adapter in adapters]
     if args.adapter.strip() == "all":
@@ -124,9 +165,23 @@ def _run(args: argparse.Namespace, selected: list[tuple[AdapterSpec, list[ModelS
 
     offload = None if args.offload is None else OffloadConfig(min_tokens=args.offload)
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    settings = Settings(args.preset, args.layers, args.seq, device, dtype, args.steps, args.warmup, args.subsets)
+    settings = Settings(
+        args.preset,
+        args.layers,
+        args.seq,
+        device,
+        dtype,
+        args.steps,
+        args.warmup,
+        args.subsets,
+        predict=args.figures,
+        step_device=args.step_figures,
+        clock=args.clock,
+        optimizer=args.optimizer or "adamw",
+    )
+    chosen = variants(policies, args.n_layer, offload, args.budgets, args.memories)
     with library_notices_silenced({adapter.library for adapter, _ in selected if adapter.library}):
-        rows = run_rows(selected, variants(policies, args.n_layer, offload, args.budgets), settings)
+        rows = run_rows(selected, chosen, settings)
     env = environment(
         device,
         dtype,
@@ -135,10 +190,15 @@ def _run(args: argparse.Namespace, selected: list[tuple[AdapterSpec, list[ModelS
         layers=args.layers,
         steps=args.steps,
         warmup=args.warmup,
+        clock=args.clock,
         n_layer=args.n_layer[0] if len(args.n_layer) == 1 else args.n_layer,  # one n: an int, as before lists
         subsets=args.subsets,
         offload_min_tokens=args.offload,
         budgets=[budget.given for budget in args.budgets] or None,  # as written: JSON takes no MemoryBudget
+        memories=args.memories or None,
+        optimizer=(args.optimizer or "adamw") if args.memories else None,
+        predict=args.figures.name if args.figures is not None else None,
+        step_device=args.step_figures.name if args.step_figures is not None else None,
     )
     console = stdout()
     print_table(console, rows, env)
@@ -178,6 +238,7 @@ def add_parser(subparsers: Any) -> None:
             "activation memory (peak beyond parameters and gradients; bytes held for backward), FLOPs and the "
             "recompute overhead over 'none', attention kernels re-run in backward, median step time and its ratio "
             "to 'none', and gradients checked against 'none' (always measured first, as the reference). "
+            "Each row's step is measured in turn; then the rows are timed interleaved, one step each per round. "
             "On the tiny preset (the default) the step-time columns are headed 'host overhead': models a few KiB "
             "wide time Python and dispatch, not device work; time a real-width --preset for step-time ratios. "
             "Exits with 1 when a row fails or its gradients differ from 'none''s."
@@ -198,6 +259,30 @@ def add_parser(subparsers: Any) -> None:
         f"40GiB, comma-separated ({DEFAULT_BUDGETS}); one row each, planned on the row's model and inputs",
     )
     parser.add_argument(
+        "--memory",
+        default=None,
+        metavar="SIZE[,SIZE...]",
+        help=f"step budgets: one rank's memory for a whole step (bytes or sizes such as 2GiB, not fractions), "
+        f"comma-separated; per size two {STEP} rows, planned for the step's predicted peak (ac_core.StepBudget, "
+        "--optimizer's state and the preset's loss counted) with the recompute costed in predicted time and in FLOPs, "
+        "labelled step(SIZE,time) and step(SIZE,flops); time is predicted on --predict's device, else --device's",
+    )
+    parser.add_argument(
+        "--optimizer",
+        choices=tuple(OPTIMIZERS),
+        default=None,
+        help=f"the optimizer whose state the {STEP} rows' step budgets count (adamw); bench's own step runs none: "
+        "'none' sizes the budget for the step measured",
+    )
+    parser.add_argument(
+        "--predict",
+        default=None,
+        metavar="DEVICE",
+        help="predict each row's step-time overhead over none by roofline on DEVICE (cpu: ac-core calibrate's "
+        "figures; h100, a100, l40s ... from the device table; cuda: this GPU's entry) and print it beside the "
+        "measured ratio, with the rank correlation of the two over each model's rows",
+    )
+    parser.add_argument(
         "--n-layer",
         type=_n_layers,
         default=[2],
@@ -214,13 +299,26 @@ def add_parser(subparsers: Any) -> None:
     add_size_arguments(parser, "wan2.1-1.3b")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     parser.add_argument("--device", choices=DEVICES, default="cpu")
-    parser.add_argument("--steps", type=positive, default=3, help="timed steps per row; the median is reported (3)")
+    parser.add_argument(
+        "--steps",
+        type=positive,
+        default=3,
+        help="timed steps per row, one per round over the rows in turn; the median is reported (3)",
+    )
+    parser.add_argument(
+        "--clock",
+        choices=CLOCKS,
+        default="wall",
+        help="what a timed step's seconds are: wall (default), or cpu: the process's CPU time (CPU runs only), "
+        "which leaves out the time waiting for a core on a machine other processes share; with --threads 1 "
+        "it is one core's work",
+    )
     parser.add_argument(
         "--warmup",
         type=non_negative,
         default=1,
-        help="untimed steps of each plain model before its first row (1); every row's timed steps also follow its "
-        "measured step",
+        help="untimed steps of each plain model before its first row (1); every row's measured step also runs "
+        "before the timed rounds",
     )
     parser.add_argument(
         "--offload",

@@ -26,10 +26,11 @@ from typing import Any
 
 import torch
 
-from ..budget import CheckpointPlan, MemoryBudget, plan_activation_checkpointing
+from ..blocks import resolve_blocks
+from ..budget import CheckpointPlan, MemoryBudget, StepPlanner, plan_activation_checkpointing
 from ..budget.devices import device as named_device
-from ..budget.predict import FITS_NONE, StepPeak, predict_step
-from ..budget.step_budget import OPTIMIZERS, StepBudget
+from ..budget.predict import FITS_NONE, StepPeak
+from ..budget.step_budget import OPTIMIZERS, StepBudget, refuse_step_offload
 from ..policies import BlockMode
 from ..spec import AdapterSpec, ModelCase, ModelSpec
 from ..units import human_bytes
@@ -218,24 +219,36 @@ def _cost(plan: CheckpointPlan) -> str:
     return f"{plan.recompute_flops:,} FLOPs recomputed"
 
 
-def _step_report(
-    case: ModelCase, adapter: AdapterSpec, plan: CheckpointPlan, budget: StepBudget, peak: StepPeak, **options: Any
-) -> list[str]:
+def _step_report(planner: StepPlanner, plan: CheckpointPlan, budget: StepBudget, peak: StepPeak) -> list[str]:
     """The plan's predicted step ``peak`` by part, and what the step budgets an eighth below and above would
-    cost."""
+    cost (planned from the same profile)."""
     lines = [str(peak)]
     checkpointed = sum(block.mode != BlockMode.NONE for block in plan.blocks)
     lines.append(f"fits {len(plan.blocks)} blocks, {checkpointed} checkpointed, at {_cost(plan)}")
     for factor in _NEIGHBOURS:
-        other = dataclasses.replace(budget, memory=int(budget.nbytes * factor))
+        memory = int(budget.nbytes * factor)
         try:
             with _fits_none_unsaid():
-                neighbour = _plan_case(case, adapter, other, **options)
-        except CLIError as exc:
-            lines.append(f"at {human_bytes(other.nbytes, digits=2)}: {exc}")
+                neighbour = planner.plan(memory)
+        except ValueError as exc:
+            lines.append(f"at {human_bytes(memory, digits=2)}: {exc}")
             continue
-        lines.append(f"at {human_bytes(other.nbytes, digits=2)} it would need {_cost(neighbour)}")
+        lines.append(f"at {human_bytes(memory, digits=2)} it would need {_cost(neighbour)}")
     return lines
+
+
+def _step_plan(
+    case: ModelCase, adapter: AdapterSpec, budget: StepBudget, args: argparse.Namespace
+) -> tuple[CheckpointPlan, StepPeak, list[str]]:
+    """The step budget's plan, its predicted peak and the report lines, from one profile of ``case``."""
+    try:
+        refuse_step_offload(args.offload)
+        planner = StepPlanner(resolve_blocks(case.model, adapter, None), dict(case.inputs), budget, device=args.gpu)
+        plan = planner.plan()
+        predicted = planner.predict(plan)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    return plan, predicted, _step_report(planner, plan, budget, predicted)
 
 
 def _depth_words(preset: str, depth: Mapping[str, int] | None, plan: CheckpointPlan) -> str | None:
@@ -265,20 +278,19 @@ def run(args: argparse.Namespace) -> int:
     budget = step_budget(args)
     # A step budget counts the model states of the blocks built: without --layers, the real model's depth.
     depth = model.depths.get(args.preset) if budget is not None and args.layers is None else None
-    options = {"offload": args.offload, "device": args.gpu}
     silenced = {adapter.library} if adapter.library else set()
     start = time.perf_counter()
     with library_notices_silenced(silenced):
         case = _build(model, args, tokens, depth)
-        if args.measure and budget is not None:
-            # The measured step runs the preset's loss: the plan counts what it holds.
+        if budget is not None:
+            # The step runs the preset's loss (an LLM's cross-entropy over its logits): the plan counts what it holds.
             budget = dataclasses.replace(budget, loss=case.loss)
-        plan = _plan_case(case, adapter, args.budget if budget is None else budget, **options)
         step: list[str] = []
         predicted = None
-        if budget is not None:
-            predicted = predict_step(case.model, dict(case.inputs), plan, budget, adapter=adapter)
-            step = _step_report(case, adapter, plan, budget, predicted, **options)
+        if budget is None:
+            plan = _plan_case(case, adapter, args.budget, offload=args.offload, device=args.gpu)
+        else:
+            plan, predicted, step = _step_plan(case, adapter, budget, args)
     elapsed = time.perf_counter() - start
     console = stdout()
     described = [text for text in (_depth_words(args.preset, depth, plan), tokens.describe()) if text is not None]
@@ -328,8 +340,10 @@ def add_parser(subparsers: Any) -> None:
         help="plan checkpointing for a memory budget (least recompute that fits), on the meta device",
         description=(
             "Plan activation checkpointing of an adapter's model for a memory budget: per block, left unchecked, "
-            "checkpointed whole, or checkpointed keeping some op outputs, with the least recompute FLOPs whose "
-            "bytes held for backward fit the budget. The model is built on the meta device (no allocation), so a "
+            "checkpointed whole, or checkpointed keeping some op outputs, with the least recompute (predicted "
+            "time on --gpu, else FLOPs) whose bytes held for backward fit --budget, or whose whole training step's "
+            "predicted peak fits --memory (with the peak by part and the plans an eighth below and above). The "
+            "model is built on the meta device (no allocation), so a "
             "model at full size plans on a laptop. Prints the per-block table; --json writes the plan "
             "(ac_core.CheckpointPlan.from_json loads it; apply_activation_checkpointing(model, plan) applies it)."
         ),

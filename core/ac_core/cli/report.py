@@ -15,7 +15,7 @@ from rich.table import Table
 
 from ..units import human_bytes
 from ._common import TINY, human_flops
-from .rows import BUDGET, NONE, Row
+from .rows import BUDGET, NONE, STEP, Row
 
 
 def _percent(value: float | None) -> str:
@@ -45,10 +45,13 @@ def print_table(console: Console, rows: Sequence[Row], env: dict[str, Any]) -> N
     if env.get("seq") is not None or env.get("layers") is not None:
         where += f", seq {env.get('seq') or 'default'}, layers {env.get('layers') or 'default'}"
     host = env["preset"] == TINY
-    caption = _CAPTION.format(**env) + (_HOST_CAPTION if host else "")
+    predicted = env.get("predict") is not None
+    caption = _CAPTION.format(**env) + (_CPU_CLOCK_CAPTION if env.get("clock") == "cpu" else "")
+    caption += _PREDICT_CAPTION.format(**env) if predicted else ""
+    caption += _HOST_CAPTION if host else ""
     table = Table(title=f"ac-core bench: {where}", caption=caption, caption_justify="left")
     step, ratio = (HOST_STEP, HOST_RATIO) if host else ("step", "vs none")
-    for name, justify in (
+    columns = [
         ("adapter", "left"),
         ("model", "left"),
         ("policy", "left"),
@@ -59,8 +62,10 @@ def print_table(console: Console, rows: Sequence[Row], env: dict[str, Any]) -> N
         ("attn re-run", "right"),
         (step, "right"),
         (ratio, "right"),
+        *([(PREDICTED, "right")] if predicted else []),
         ("grads vs none", "left"),
-    ):
+    ]
+    for name, justify in columns:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     previous = None
     notes: list[str] = []
@@ -86,13 +91,121 @@ def print_table(console: Console, rows: Sequence[Row], env: dict[str, Any]) -> N
             str(row.attention_recomputed),
             _seconds(row.step_time_s),
             _ratio(row.time_ratio),
+            *([_ratio(None if row.predicted_overhead is None else 1 + row.predicted_overhead)] if predicted else []),
             _grads(row),
         )
     console.print(table)
     for note in notes:
         console.print(note)
-    for line in budget_lines(rows):
+    for line in budget_lines(rows) + step_lines(rows):
         console.print(line, markup=False)
+    if predicted:
+        for line in correlation_lines(rows, env["predict"]):
+            console.print(line, markup=False)
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks of ``values``; tied values share the average of the ranks they span."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for position in range(start, end + 1):
+            ranks[order[position]] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Spearman's rank correlation of paired ``xs`` and ``ys``: Pearson's correlation of their ranks, ties at
+    their average rank. None where it is undefined: fewer than two pairs, or every value of one side tied."""
+    if len(xs) != len(ys):
+        raise ValueError(f"spearman takes paired values: {len(xs)} xs against {len(ys)} ys")
+    if len(xs) < 2:
+        return None
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    covariance = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    spread = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return covariance / spread if spread else None
+
+
+def _by_model(rows: Sequence[Row]) -> dict[tuple[str, str], list[Row]]:
+    models: dict[tuple[str, str], list[Row]] = {}
+    for row in rows:
+        if row.status == "ok":
+            models.setdefault((row.adapter, row.model), []).append(row)
+    return models
+
+
+def correlations(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """Per model, the rank correlation of predicted and measured step-time overhead over its rows with both
+    (``rank_correlation`` None where undefined), and those rows' labels."""
+    found = []
+    for (adapter, model), measured in _by_model(rows).items():
+        paired = [r for r in measured if r.predicted_overhead is not None and r.time_ratio is not None]
+        rho = spearman([r.predicted_overhead or 0.0 for r in paired], [(r.time_ratio or 0.0) - 1 for r in paired])
+        found.append({"adapter": adapter, "model": model, "rank_correlation": rho, "rows": [r.label for r in paired]})
+    return found
+
+
+def correlation_lines(rows: Sequence[Row], device: str) -> list[str]:
+    """One line per model: the rank correlation of predicted (on ``device``) and measured overhead."""
+    lines = []
+    for found in correlations(rows):
+        rho = found["rank_correlation"]
+        value = "undefined (fewer than two rows, or all tied)" if rho is None else f"{rho:.3f}"
+        lines.append(
+            f"{found['adapter']} {found['model']}: rank correlation (Spearman) of predicted ({device}) and measured "
+            f"step-time overhead over {len(found['rows'])} rows: {value}"
+        )
+    return lines
+
+
+def step_pairs(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """Per model and step budget measured in both costs: the time-costed and FLOP-costed rows' labels, median
+    steps, predicted overheads, and the time-costed step over the FLOP-costed."""
+    pairs = []
+    for (adapter, model), measured in _by_model(rows).items():
+        by_memory: dict[int, dict[str, Row]] = {}
+        for row in measured:
+            if row.policy == STEP and row.step_memory_bytes is not None and row.cost is not None:
+                by_memory.setdefault(row.step_memory_bytes, {})[row.cost] = row
+        for memory, costs in by_memory.items():
+            time, flops = costs.get("time"), costs.get("flops")
+            if time is None or flops is None or not time.step_time_s or not flops.step_time_s:
+                continue
+            pair: dict[str, Any] = {"adapter": adapter, "model": model, "memory_bytes": memory}
+            for cost, row in (("time", time), ("flops", flops)):
+                pair[cost] = {
+                    "label": row.label,
+                    "step_time_s": row.step_time_s,
+                    "time_ratio": row.time_ratio,
+                    "predicted_overhead": row.predicted_overhead,
+                    "recompute_overhead": row.recompute_overhead,
+                }
+            pair["time_over_flops"] = time.step_time_s / flops.step_time_s
+            pairs.append(pair)
+    return pairs
+
+
+def step_lines(rows: Sequence[Row]) -> list[str]:
+    """One line per step budget measured in both costs: the two plans' measured steps side by side."""
+
+    def one(side: dict[str, Any]) -> str:
+        predicted = side["predicted_overhead"]
+        guess = "" if predicted is None else f", predicted {_percent(predicted)}"
+        return f"{_seconds(side['step_time_s'])} ({_ratio(side['time_ratio'])} none{guess})"
+
+    return [
+        f"{pair['adapter']} {pair['model']} step budget {human_bytes(pair['memory_bytes'], digits=2)}: "
+        f"time-costed plan {one(pair['time'])}, FLOP-costed {one(pair['flops'])}: time-costed step "
+        f"{pair['time_over_flops']:.3f}x the FLOP-costed"
+        for pair in step_pairs(rows)
+    ]
 
 
 def budget_lines(rows: Sequence[Row]) -> list[str]:
@@ -125,8 +238,15 @@ def _versus_best_fixed(row: Row) -> str:
 _CAPTION = (
     "act. peak: peak memory during forward+backward beyond parameters, gradients and inputs; "
     "held for bwd: bytes the forward leaves for backward; recompute: FLOPs over none; "
-    "attn re-run: attention kernels run again in backward; step: median of {steps} timed step(s), after "
-    "{warmup} warm-up step(s) of the plain model and the row's measured step, the garbage collector paused."
+    "attn re-run: attention kernels run again in backward; step: median of {steps} timed step(s), one per round "
+    "over the rows in turn, after {warmup} warm-up step(s) of the plain model and every row's measured step, the "
+    "garbage collector paused."
+)
+_CPU_CLOCK_CAPTION = " Steps timed in CPU seconds of the process (--clock cpu), not wall-clock seconds."
+PREDICTED = "predicted"
+_PREDICT_CAPTION = (
+    " predicted: step time over none's by roofline on {predict} (what the row recomputes, op by op, over none's "
+    "predicted step); '-' where not modelled (the library's checkpointing, offload)."
 )
 # Tiny models are a few KiB wide: their steps time Python and dispatch overhead, which checkpointing adds to
 # (a checkpointed row reruns its forward's Python), and not the device work a real-width model's step is.
@@ -147,8 +267,14 @@ def _finite(value: Any) -> Any:
 
 
 def write_json(path: Path, rows: Sequence[Row], env: dict[str, Any]) -> None:
-    """Every figure of every row, plus the environment, as JSON."""
-    data = {"environment": env, "rows": [{k: _finite(v) for k, v in row.as_dict().items()} for row in rows]}
+    """Every figure of every row, plus the environment, each model's rank correlation of predicted and measured
+    overhead (with ``--predict``) and each step budget's two plans side by side, as JSON."""
+    data = {
+        "environment": env,
+        "rows": [{k: _finite(v) for k, v in row.as_dict().items()} for row in rows],
+        "rank_correlations": correlations(rows) if env.get("predict") is not None else [],
+        "step_budgets": step_pairs(rows),
+    }
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 

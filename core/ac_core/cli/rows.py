@@ -4,8 +4,10 @@ The variants are ac-core's registered policies plus two rows that are not ac-cor
 checkpointing, the reference every other row is compared with) and ``library`` (the model library's own
 checkpointing, as a baseline). ``budget`` rows (not in ``all``) plan the memory-budget policy for each budget
 asked for on the row's model and inputs (:mod:`ac_core.budget`), each compared with the best fixed row that
-fits its budget (:func:`best_fixed`). With ``--subsets``, each fixed checkpointing policy is also measured on
-each proper subset of a model's block containers (:func:`on_subsets`).
+fits its budget (:func:`best_fixed`). ``step`` rows (``--memory``) plan a whole training step's peak on one rank
+(a :class:`~ac_core.StepBudget`) twice per size, the recompute costed in predicted time and in FLOPs, so that the
+two costs meet at an equal step budget in one run. With ``--subsets``, each fixed checkpointing policy is also
+measured on each proper subset of a model's block containers (:func:`on_subsets`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,16 @@ from itertools import combinations
 from typing import Any
 
 from ..budget import MemoryBudget
+from ..budget.solve import Cost
 from ..offload import OffloadConfig
 from ..policies import CheckpointType, PolicyConfig, policy_config, policy_traits, registered_policies
+from ..units import human_bytes
 
-NONE, LIBRARY, BUDGET = "none", "library", "budget"
+NONE, LIBRARY, BUDGET, STEP = "none", "library", "budget", "step"
+COSTS: tuple[Cost, ...] = ("time", "flops")  # a step row per size in each, in this order
+# What a timed step's seconds are, by --clock. On a CPU shared with other processes, wall time counts the time this
+# one waited for a core; the process's CPU time only the step's own work (all its threads': --threads 1, one core's).
+CLOCKS = ("wall", "cpu")
 
 
 def row_names() -> tuple[str, ...]:
@@ -35,7 +43,8 @@ class Variant:
     activation offload (with ``none`` it runs without checkpointing); ``save_on_cpu`` is the synchronous
     baseline: ``full`` with torch's ``save_on_cpu(pin_memory=True)`` around the forward, as trainers that
     wrap it (FastVideo's seed) do. ``containers`` limits a policy to those block containers (FQNs); None:
-    every container the adapter declares.
+    every container the adapter declares. A :data:`STEP` row plans for one rank's ``memory`` (bytes or a size) in
+    ``cost``.
     """
 
     policy: PolicyConfig | str
@@ -43,6 +52,8 @@ class Variant:
     save_on_cpu: bool = False
     budget: MemoryBudget | None = None  # a BUDGET row's memory budget (fraction of none, bytes or size)
     containers: tuple[str, ...] | None = None
+    memory: int | str | None = None  # a STEP row's step budget
+    cost: Cost | None = None  # and what its plan minimises
 
     @property
     def name(self) -> str:
@@ -51,12 +62,15 @@ class Variant:
     @property
     def fixed(self) -> bool:
         """``none`` or a registered policy, kept on the device: what a budget row is compared with."""
-        return self.policy not in (LIBRARY, BUDGET) and self.offload is None and not self.save_on_cpu
+        return self.policy not in (LIBRARY, BUDGET, STEP) and self.offload is None and not self.save_on_cpu
 
     @property
     def label(self) -> str:
         if self.policy == BUDGET:
             return f"{BUDGET}({self.budget})"
+        if self.policy == STEP:
+            memory = human_bytes(self.memory, digits=2) if isinstance(self.memory, int) else self.memory
+            return f"{STEP}({memory},{self.cost})"
         knob = None if isinstance(self.policy, str) else policy_traits(self.policy).n_layer_field
         base = f"{self.name}(n={getattr(self.policy, knob)})" if knob is not None else self.name
         where = f"[{','.join(self.containers)}]" if self.containers else ""
@@ -78,13 +92,15 @@ def variants(
     n_layers: Sequence[int],
     offload: OffloadConfig | None = None,
     budgets: Sequence[MemoryBudget] = (),
+    memories: Sequence[int | str] = (),
 ) -> list[Variant]:
     """The rows to measure for each model, ``none`` first (the reference every other row is compared with).
 
     ``block_skip`` gets one row per n of ``n_layers``. With ``offload``, each chosen row but ``library``
     gets a ``+offload`` row after it, and ``full`` (when chosen) a synchronous ``+save_on_cpu`` row, the
     baseline offload is measured against. With :data:`BUDGET` in ``names``, one row per budget of
-    ``budgets`` comes last (without offload).
+    ``budgets`` comes next (without offload), and last, per step budget of ``memories``, a :data:`STEP` row in
+    each of :data:`COSTS` (without offload).
     """
     rows: list[Variant] = []
     chosen = (NONE, *(n for n in row_names() if n in names and n != NONE))
@@ -96,6 +112,7 @@ def variants(
             rows.append(Variant(policy, save_on_cpu=True))
     if BUDGET in names:
         rows.extend(Variant(BUDGET, budget=budget) for budget in budgets)
+    rows.extend(Variant(STEP, memory=memory, cost=cost) for memory in memories for cost in COSTS)
     return rows
 
 
@@ -140,6 +157,11 @@ class Row:
     budget_bytes: int | None = None
     predicted_held_bytes: int | None = None
     predicted_recompute_flops: int | None = None
+    # step rows only: the step budget (one rank's memory) and what the plan minimised ("time" or "flops")
+    step_memory_bytes: int | None = None
+    cost: str | None = None
+    # with --predict: the step-time overhead over none the roofline predicts (None: a row it does not predict)
+    predicted_overhead: float | None = None
     # and the fixed row (none or a policy, on any containers) of least recompute whose measured held fits the budget
     best_fixed_label: str | None = None
     best_fixed_held_bytes: int | None = None

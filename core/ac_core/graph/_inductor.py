@@ -43,8 +43,8 @@ class SACGraphPass(CustomGraphPass):
 
     After them, not before: inductor's pattern matcher replaces nodes (and turns random ops into
     its seed ops) without carrying their tags. ``uuid()`` hashes this package's sources, the save
-    set, the blocks and the modules outside them, so inductor's and AOTAutograd's caches never serve
-    a graph partitioned another way.
+    set, the blocks and the modules outside them, the decisions and what is recomputed for free, so inductor's and
+    AOTAutograd's caches never serve a graph partitioned another way.
     """
 
     def __init__(
@@ -53,11 +53,15 @@ class SACGraphPass(CustomGraphPass):
         blocks: frozenset[str] | None = None,
         outside_modules: frozenset[str] | None = None,
         decisions: Sequence[BlockDecision] | None = None,
+        recompute_free: bool = False,
+        recompute_outside: bool = False,
     ) -> None:
         self.retain = retain
         self.blocks = blocks
         self.outside_modules = outside_modules
         self.decisions = decisions
+        self.recompute_free = recompute_free
+        self.recompute_outside = recompute_outside
 
     def __call__(self, graph: fx.Graph) -> None:
         assert graph.owning_module is not None, "inductor passes the joint graph of a GraphModule"
@@ -68,6 +72,8 @@ class SACGraphPass(CustomGraphPass):
             outside_modules=self.outside_modules,
             decisions=self.decisions,
             replay_rng=_replays_rng(graph),
+            recompute_free=self.recompute_free,
+            recompute_outside=self.recompute_outside,
         )
 
     def uuid(self) -> str:
@@ -82,7 +88,7 @@ class SACGraphPass(CustomGraphPass):
             if self.decisions is None
             else [(d.path, d.mode.value, d.keep, sorted(d.retain)) for d in self.decisions]
         )
-        digest.update(repr(decisions).encode())
+        digest.update(repr((decisions, self.recompute_free, self.recompute_outside)).encode())
         return digest.hexdigest()
 
 

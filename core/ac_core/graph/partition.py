@@ -22,12 +22,22 @@ def sac_partition(
     outside_modules: frozenset[str] | None = None,
     partition: PartitionFn | None = None,
     decisions: Sequence[BlockDecision] | None = None,
+    recompute_free: bool = False,
+    recompute_outside: bool = False,
     **kwargs: Any,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """A ``partition_fn`` for ``aot_autograd``: :func:`apply_sac_pass`, then ``partition`` (min-cut by default)."""
     if partition is None:
         from torch._functorch.partitioners import min_cut_rematerialization_partition as partition
-    apply_sac_pass(gm, retain, blocks=blocks, outside_modules=outside_modules, decisions=decisions)
+    apply_sac_pass(
+        gm,
+        retain,
+        blocks=blocks,
+        outside_modules=outside_modules,
+        decisions=decisions,
+        recompute_free=recompute_free,
+        recompute_outside=recompute_outside,
+    )
     return partition(gm, joint_inputs, **kwargs)
 
 

@@ -20,7 +20,10 @@ class GraphRoute:
 
     ``decisions``: one :class:`~ac_core.BlockDecision` per block (a plan's, or a policy's selections), which the
     pass follows instead of ``retain``. ``memory_budget``: no pass; torch's partitioner solves
-    ``activation_memory_budget`` (a fraction) instead. :func:`~ac_core.prepare_graph_route` makes one from a
+    ``activation_memory_budget`` (a fraction) instead. ``recompute_free``: what costs no FLOPs to recompute
+    (outside the blocks, block inputs summed from kept outputs) is left to the partitioner rather than saved (see
+    :func:`~ac_core.apply_sac_pass`); ``recompute_outside`` with it: nothing outside the blocks is held.
+    :func:`~ac_core.prepare_graph_route` makes one from a
     model, :meth:`following` applies a policy's :class:`~ac_core.GraphDecisions`; :func:`ac_core.compile` and
     the measurements build their backends from it.
     """
@@ -30,6 +33,8 @@ class GraphRoute:
     outside_modules: frozenset[str] | None = None
     decisions: tuple[BlockDecision, ...] | None = None
     memory_budget: float | None = None
+    recompute_free: bool = False
+    recompute_outside: bool = False
 
     def __post_init__(self) -> None:
         OpSet(self.retain)  # reject a malformed op
@@ -45,6 +50,8 @@ class GraphRoute:
             retain=self.retain | decisions.retain,
             decisions=decisions.blocks,
             memory_budget=decisions.torch_budget,
+            recompute_free=decisions.recompute_free,
+            recompute_outside=decisions.recompute_outside,
         )
 
     def partition_fn(self) -> PartitionFn:
@@ -57,6 +64,8 @@ class GraphRoute:
             blocks=self.blocks,
             outside_modules=self.outside_modules,
             decisions=self.decisions,
+            recompute_free=self.recompute_free,
+            recompute_outside=self.recompute_outside,
         )
 
     def aot_eager(self) -> Callable[..., Any]:
@@ -78,7 +87,9 @@ class GraphRoute:
             merged["custom_partitioner_fn"] = BudgetPartitioner(self.memory_budget)
             return merged
         existing = merged.get("joint_custom_post_pass")
-        ours = SACGraphPass(self.retain, self.blocks, self.outside_modules, self.decisions)
+        ours = SACGraphPass(
+            self.retain, self.blocks, self.outside_modules, self.decisions, self.recompute_free, self.recompute_outside
+        )
         if existing is None:
             merged["joint_custom_post_pass"] = ours
         else:

@@ -29,6 +29,8 @@ def apply_sac_pass(
     outside_modules: Iterable[str] | None = None,
     decisions: Sequence[BlockDecision] | None = None,
     replay_rng: bool = True,
+    recompute_free: bool = False,
+    recompute_outside: bool = False,
     op_list_to_save: Any = UNSET,
     plan: Any = UNSET,
 ) -> fx.GraphModule:
@@ -54,9 +56,17 @@ def apply_sac_pass(
     (``none``), all recomputed (``full``) or recomputed but for the kept ones (``ops``: its planned occurrences,
     or every occurrence of its retained op names); block outputs, the code outside the blocks and random ops are
     saved as above. ``replay_rng=False`` (a backend that cannot replay a recomputed op's RNG state: CPU inductor)
-    saves every op tagged random, attention kernels without dropout included. ``plan=`` is the old name of
-    ``decisions=``.
+    saves every op tagged random, attention kernels without dropout included. ``recompute_free=True`` (a memory
+    budget's plan, which counts what the compiled step saves) leaves recomputable what the pass would save though
+    recomputing it costs no FLOPs: ops outside the blocks that are no matmul, convolution or attention (a final
+    norm, a modulation), and block inputs computed from saved values by such ops (a residual stream summed from
+    kept outputs); the partitioner keeps them or recomputes them, whichever holds fewer bytes, and no block's
+    recompute runs another block's matmuls. ``recompute_outside=True`` with it holds nothing outside the blocks:
+    what backward needs there is recomputed, matmuls and convolutions included (a patch embedding, from the
+    batch). ``plan=`` is the old name of ``decisions=``.
     """
+    if recompute_outside and not recompute_free:
+        raise ValueError("recompute_outside=True goes with recompute_free=True (a memory budget's plan)")
     retain = renamed("apply_sac_pass", "op_list_to_save", "retain", op_list_to_save, retain, None)
     decisions = renamed("apply_sac_pass", "plan", "decisions", plan, decisions, None)
     save = OpSet(DEFAULT_SAC_SAVE_OPS if retain is None else retain)
@@ -80,18 +90,23 @@ def apply_sac_pass(
     else:
         in_save_set = tag_save_set(graph, save)
         matmuls, matmuls_saved = alternate_matmuls(graph)
-    boundaries = save_block_outputs(graph, named)
-    outside = save_outside_blocks(graph, named, None if outside_modules is None else frozenset(outside_modules))
+    # Block boundaries last: a value made again from saved ones by ops without FLOPs needs the others' tags.
+    keep = "none" if recompute_outside else "costly" if recompute_free else "all"
+    outside = save_outside_blocks(
+        graph, named, None if outside_modules is None else frozenset(outside_modules), keep=keep
+    )
     random_ops = save_rng(graph, replay=replay_rng)
+    boundaries = save_block_outputs(graph, named, derive=recompute_free, outside=recompute_outside)
     gm.recompile()
     logger.info(
         "ac-core: graph SAC pass saved %d ops of the save set, %d of %d matmuls, %d block outputs, "
-        "%d ops outside blocks, %d more random ops",
+        "%d ops outside blocks (%s), %d more random ops",
         in_save_set,
         matmuls_saved,
         matmuls,
         boundaries,
         outside,
+        keep,
         random_ops,
     )
     return gm

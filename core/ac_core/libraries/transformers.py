@@ -9,7 +9,9 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -193,3 +195,25 @@ def adapter_fields(*, default_backend: str = "sdpa") -> dict[str, Any]:
         "prepare": train_without_kv_cache,
         "set_backend": set_attn_implementation,
     }
+
+
+@contextmanager
+def meta_values_unread() -> Iterator[None]:
+    """Inside, transformers' masks take meta tensors as it takes fake ones (``is_tracing``): it skips the checks that
+    read values (a packed sequence in ``position_ids``, an all-ones ``attention_mask``), as under torch.compile.
+    A meta tensor has no values to read (``.item()`` fails), so a model planned on ``meta`` is planned on the path
+    its compiled step traces. transformers is not imported for it: a model of it has imported it already."""
+    masking = sys.modules.get("transformers.masking_utils")
+    traced = getattr(masking, "is_tracing", None)
+    if masking is None or traced is None:
+        yield
+        return
+
+    def is_tracing(tensor: Any = None) -> bool:
+        return traced(tensor) or (isinstance(tensor, torch.Tensor) and tensor.is_meta)
+
+    setattr(masking, "is_tracing", is_tracing)  # noqa: B010 (a module's attribute pyright cannot see)
+    try:
+        yield
+    finally:
+        setattr(masking, "is_tracing", traced)  # noqa: B010

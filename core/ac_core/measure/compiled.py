@@ -12,7 +12,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import fx, nn
@@ -26,6 +26,16 @@ from ..policies import GraphRequest, Ops, PolicyConfig, containers_for, graph_de
 from ..spec import ModelCase
 
 
+class RecomputedOp(NamedTuple):
+    """One forward op a backward graph runs again: its name, FLOPs, the bytes of the storages it reads and writes,
+    and its first floating output's dtype (``"float32"``; None without one): what a roofline prices it by."""
+
+    op: str
+    flops: int
+    bytes_moved: int
+    dtype: str | None
+
+
 @dataclass(frozen=True)
 class CompiledActivations:
     """What the partitioner kept for backward and what backward recomputes, summed over a model's graphs.
@@ -35,7 +45,8 @@ class CompiledActivations:
     ``recomputed`` counts, by op name, the forward ops the backward graphs run again (views and
     getitems left out); ``forward`` counts the forward graphs' ops the same way. ``graphs`` is the
     number of forward/backward pairs measured, ``loss`` the measured step's loss. ``recompute_flops``: the
-    FLOPs of the recomputed ops, by ``FlopCounterMode``'s formulas (ours for CPU SDPA) on their shapes.
+    FLOPs of the recomputed ops, by ``FlopCounterMode``'s formulas (ours for CPU SDPA) on their shapes;
+    ``recomputed_ops`` each of them, as a roofline prices it (see :class:`RecomputedOp`).
     """
 
     saved_bytes: int
@@ -45,6 +56,7 @@ class CompiledActivations:
     graphs: int = 0
     loss: float | None = None
     recompute_flops: int = 0
+    recomputed_ops: tuple[RecomputedOp, ...] = ()
 
     @property
     def recompute_count(self) -> int:
@@ -70,8 +82,9 @@ def _nbytes(value: torch.Tensor) -> int:
     return optimization_hint(value.untyped_storage().nbytes())
 
 
-def _flops(node: fx.Node, target: object) -> int:
-    """FLOPs of one graph node, from torch's flop formulas (and ours for CPU SDPA) on its recorded shapes."""
+def _flops(node: fx.Node, target: object, args: tuple | None = None) -> int:
+    """FLOPs of one graph node running ``target`` on ``args`` (default: the node's own), from torch's flop formulas
+    (and ours for CPU SDPA) on their recorded shapes."""
     from torch.utils.flop_counter import flop_registry
 
     from .flops import register_sdpa_flop_formulas
@@ -80,8 +93,25 @@ def _flops(node: fx.Node, target: object) -> int:
     formula = flop_registry.get(getattr(target, "overloadpacket", None))
     if formula is None:
         return 0
-    args, kwargs = map_arg((node.args, node.kwargs), lambda arg: arg.meta.get("val"))
-    return int(formula(*args, **kwargs, out_val=node.meta.get("val")))
+    values, kwargs = map_arg((node.args if args is None else args, node.kwargs), lambda arg: arg.meta.get("val"))
+    return int(formula(*values, **kwargs, out_val=node.meta.get("val")))
+
+
+def _storages(value: object) -> dict[StorageWeakRef, int]:
+    tensors = value if isinstance(value, (tuple, list)) else (value,)
+    return {StorageWeakRef(t.untyped_storage()): _nbytes(t) for t in tensors if isinstance(t, torch.Tensor)}
+
+
+def _recomputed_op(node: fx.Node, name: str, flops: int) -> RecomputedOp:
+    """``node`` priced for a roofline: the storages of its tensor arguments (read) and of its outputs (written)."""
+    reads: dict[StorageWeakRef, int] = {}
+    for arg in node.all_input_nodes:
+        reads |= _storages(arg.meta.get("val"))
+    value = node.meta.get("val")
+    outputs = value if isinstance(value, (tuple, list)) else (value,)
+    floating = next((t for t in outputs if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+    dtype = None if floating is None else str(floating.dtype).removeprefix("torch.")
+    return RecomputedOp(name, flops, sum(reads.values()) + sum(_storages(value).values()), dtype)
 
 
 def _is_view_or_getitem(node: fx.Node) -> bool:
@@ -100,6 +130,7 @@ class _Recorder:
         self.forward: Counter[str] = Counter()
         self.graphs = 0
         self.recompute_flops = 0
+        self.recomputed_ops: list[RecomputedOp] = []
 
     def record(self, fw: fx.GraphModule, bw: fx.GraphModule, *, num_fwd_outputs: int, **_: Any) -> None:
         self.graphs += 1
@@ -126,12 +157,17 @@ class _Recorder:
         for node in bw.graph.nodes:
             if node.op != "call_function":
                 continue
-            if node.target is replay:  # a random op recomputed under the forward's saved RNG state
-                self.recomputed[op_name(node.args[1]) or str(node.args[1])] += 1
+            if node.target is replay:  # a random op recomputed under the forward's saved RNG state: (state, op, *args)
+                target, flops = node.args[1], _flops(node, node.args[1], node.args[2:])
             # The partitioner copies a recomputed node into backward under its forward name.
             elif node.name in forward_names and not _is_view_or_getitem(node):
-                self.recomputed[op_name(node.target) or str(node.target)] += 1
-                self.recompute_flops += _flops(node, node.target)
+                target, flops = node.target, _flops(node, node.target)
+            else:
+                continue
+            name = op_name(target) or str(target)
+            self.recomputed[name] += 1
+            self.recompute_flops += flops
+            self.recomputed_ops.append(_recomputed_op(node, name, flops))
 
     def partition(
         self,
@@ -163,6 +199,7 @@ class _Recorder:
             self.graphs,
             loss,
             self.recompute_flops,
+            tuple(self.recomputed_ops),
         )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..blocks import ModelBlocks
+from ..collectives import ACTIVATION_COLLECTIVES, is_collective
 from ..ops import DEFAULT_RETAINED_OPS, ROUTING_OPS, check_op_names
 from .modes import BlockMode
 from .registry import BlockSelection, GraphDecisions, GraphRequest, PolicyConfig, PolicyTraits, register_policy
@@ -39,16 +40,26 @@ class Ops(PolicyConfig):
 
     Kept: PyTorch's SDPA kernels (:data:`~ac_core.DEFAULT_RETAINED_OPS`), the adapter's attention ops, a
     mixture-of-experts router's decision (:data:`~ac_core.ops.ROUTING_OPS`, so that recompute sends each token
-    to the same experts), and ``retain`` (more dispatcher op names, e.g. ``{"mylib::attn"}``). Never a collective.
+    to the same experts), the collectives that carry activations (the adapter's ``activation_collectives``, by
+    default :data:`~ac_core.collectives.ACTIVATION_COLLECTIVES`: Ulysses' all-to-alls) where what they move is no
+    parameter of the block, and ``retain`` (more dispatcher op names, e.g. ``{"mylib::attn"}``, functional
+    collectives among them). Never a parameter collective (FSDP2's all-gathers). ``collectives=False`` keeps no
+    collective: backward then re-runs every collective of the blocks' forward, for less memory held.
     """
 
     retain: frozenset[str] = frozenset()
     preserve_rng_state: bool = True
+    collectives: bool = True
     name: ClassVar[str] = "ops"
 
     def __post_init__(self) -> None:
         _check_rng_flag(self, self.preserve_rng_state)
         object.__setattr__(self, "retain", check_op_names(self.retain, "Ops(retain=...)"))
+        if not isinstance(self.collectives, bool):
+            raise TypeError(f"Ops(collectives=...) takes True or False, got {self.collectives!r}")
+        named = sorted(op for op in self.retain if is_collective(op))
+        if named and not self.collectives:
+            raise ValueError(f"Ops(retain={named}, collectives=False) keeps and refuses the same collectives: drop one")
 
 
 @dataclass(frozen=True)
@@ -67,11 +78,16 @@ class BlockSkip(PolicyConfig):
             )
 
 
-def retained_ops(blocks: ModelBlocks, extra: Iterable[str] = ()) -> frozenset[str]:
+def retained_ops(blocks: ModelBlocks, extra: Iterable[str] = (), collectives: bool = True) -> frozenset[str]:
     """Op names ``ops`` keeps in ``blocks``: PyTorch's SDPA kernels, the adapter's attention ops, the MoE routing
-    ops, and ``extra``."""
-    adapter_ops = blocks.adapter.retained_ops() if blocks.adapter is not None else frozenset()
-    return DEFAULT_RETAINED_OPS | ROUTING_OPS | adapter_ops | frozenset(extra)
+    ops, ``extra``, and with ``collectives`` the activation collectives the adapter declares (the default ones
+    where no adapter serves the model); a collective among them is kept only where it moves activations."""
+    adapter = blocks.adapter
+    adapter_ops = adapter.retained_ops() if adapter is not None else frozenset()
+    kept = DEFAULT_RETAINED_OPS | ROUTING_OPS | adapter_ops | frozenset(extra)
+    if not collectives:
+        return kept
+    return kept | (frozenset(adapter.activation_collectives) if adapter is not None else ACTIVATION_COLLECTIVES)
 
 
 @register_policy(Full, traits=PolicyTraits(recomputes_all=True))
@@ -82,15 +98,16 @@ def _full(config: Full, blocks: ModelBlocks) -> list[BlockSelection]:
 
 def _ops_on_the_graph(config: Ops, request: GraphRequest) -> GraphDecisions:
     # The pass's own save set (SDPA kernels, the adapter's ops) and its matmul alternation, in every block it finds:
-    # blocks need not be named, the pass finds them in the graph. The routing decision is kept there too.
-    return GraphDecisions(retain=config.retain | ROUTING_OPS)
+    # blocks need not be named, the pass finds them in the graph. The routing decision is kept there too. A
+    # collective named in retain is not: the pass keeps by name, and could not tell a parameter's all-gather apart.
+    return GraphDecisions(retain=frozenset(op for op in config.retain if not is_collective(op)) | ROUTING_OPS)
 
 
 @register_policy(
     Ops, traits=PolicyTraits(keeps_attention=True, finds_blocks=True, retain_field="retain"), graph=_ops_on_the_graph
 )
 def _ops(config: Ops, blocks: ModelBlocks) -> list[BlockSelection]:
-    kept = retained_ops(blocks, config.retain)
+    kept = retained_ops(blocks, config.retain, config.collectives)
     rng = config.preserve_rng_state
     return [BlockSelection(block, BlockMode.OPS, kept, preserve_rng_state=rng) for block in blocks]
 

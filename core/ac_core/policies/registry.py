@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeVar
 from torch import nn
 
 from ..blocks import Block, ModelBlocks, resolve_blocks
+from ..collectives import is_collective
 from ..ops import check_op_names
 from ..spec import AdapterSpec
 from .modes import BlockDecision, BlockMode, CheckpointType, block_mode
@@ -104,13 +105,20 @@ class GraphDecisions:
 
     ``blocks``: one :class:`BlockDecision` per block, which the pass follows; None: the pass keeps the outputs of
     its default save set plus ``retain`` in every block and alternates matmuls (``ops``). ``torch_budget``: no
-    pass; torch's partitioner solves ``activation_memory_budget`` (a fraction) instead. ``on_compiled``: run on
-    the compiled module (a plan refuses inputs of other shapes there).
+    pass; torch's partitioner solves ``activation_memory_budget`` (a fraction) instead. ``recompute_free``: what
+    eager checkpointing holds though recomputing it costs no FLOPs (ops outside the blocks but matmuls,
+    convolutions and attention; block inputs summed from kept outputs) is left to the partitioner (True: a memory
+    budget's plan, which counts what the compiled step saves) rather than saved (False); ``recompute_outside`` with
+    it: nothing outside the blocks is held, the partitioner recomputes there what backward needs, matmuls
+    included (cheaper than holding it where a budget is tight: a patch embedding recomputed from the batch).
+    ``on_compiled``: run on the compiled module (a plan refuses inputs of other shapes there).
     """
 
     blocks: tuple[BlockDecision, ...] | None = None
     retain: frozenset[str] = frozenset()
     torch_budget: float | None = None
+    recompute_free: bool = False
+    recompute_outside: bool = False
     on_compiled: Callable[[nn.Module], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -118,6 +126,8 @@ class GraphDecisions:
             raise ValueError("graph decisions follow per-block decisions or torch's memory budget, not both")
         if self.blocks is not None and self.retain:
             raise ValueError("per-block decisions say what each block keeps; retain= is for decisions by op")
+        if self.recompute_outside and not self.recompute_free:
+            raise ValueError("recompute_outside=True goes with recompute_free=True (a memory budget's plan)")
 
 
 C = TypeVar("C", bound=PolicyConfig)
@@ -225,7 +235,9 @@ def _derived(config: PolicyConfig, blocks: ModelBlocks) -> tuple[BlockDecision, 
         if selection is None:
             decisions.append(BlockDecision(block.path, BlockMode.NONE))
         elif selection.kind == BlockMode.OPS:
-            decisions.append(BlockDecision(block.path, BlockMode.OPS, retain=selection.retained))
+            # The pass keeps by name: a collective there could be a parameter's all-gather (see collectives.py).
+            retain = frozenset(op for op in selection.retained if not is_collective(op))
+            decisions.append(BlockDecision(block.path, BlockMode.OPS if retain else BlockMode.FULL, retain=retain))
         else:
             decisions.append(BlockDecision(block.path, BlockMode.FULL))
     return tuple(decisions)
