@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 from torch import nn
@@ -124,7 +125,10 @@ def main() -> None:
             loss.backward()
             optimizer.step()
         peak = max(peak, memory.base_bytes + memory.bytes)
-        print(f"rank {rank} step {step} loss {loss.item():.9f} peak {peak / 2**20:.2f} MiB", flush=True)
+        # One write per line: ranks share the terminal, and print() writes the text and its newline apart,
+        # so under PYTHONUNBUFFERED two ranks' lines run together.
+        sys.stdout.write(f"rank {rank} step {step} loss {loss.item():.9f} peak {peak / 2**20:.2f} MiB\n")
+        sys.stdout.flush()
     if distributed:
         torch.distributed.barrier()  # no rank tears the group down while another is still in a collective
         torch.distributed.destroy_process_group()
