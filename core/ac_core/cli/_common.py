@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -260,3 +261,18 @@ def human_flops(n: float | None) -> str:
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n:.0f}"
+
+
+def check_outputs(plot: Path | None, json_path: Path | None) -> None:
+    """Refuse a ``--plot`` that is no PNG or has no matplotlib, and outputs into folders that do not exist, before
+    anything is measured."""
+    if plot is not None:
+        if plot.suffix.lower() != ".png":
+            raise CLIError(f"--plot writes a PNG; give a file name ending in .png, not {plot.name!r}")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CLIError("--plot needs matplotlib: pip install 'ac-core[plot]'") from None
+    for path in (json_path, plot):
+        if path is not None and not path.parent.exists():
+            raise CLIError(f"cannot write {path}: folder {path.parent} does not exist")

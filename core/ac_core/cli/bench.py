@@ -23,6 +23,7 @@ from ._common import (
     DTYPES,
     CLIError,
     add_size_arguments,
+    check_outputs,
     check_size_arguments,
     environment,
     library_notices_silenced,
@@ -135,16 +136,7 @@ def _validate(args: argparse.Namespace) -> tuple[list[tuple[AdapterSpec, list[Mo
             f"preset {args.preset!r} is not offered by adapter(s) {names}; "
             f"valid values: {', '.join(presets_of(lacking or adapters))}"
         )
-    if args.plot is not None:
-        if args.plot.suffix.lower() != ".png":
-            raise CLIError(f"--plot writes a PNG; give a file name ending in .png, not {args.plot.name!r}")
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise CLIError("--plot needs matplotlib: pip install 'ac-core[plot]'") from None
-    for path in (args.json, args.plot):
-        if path is not None and not path.parent.exists():
-            raise CLIError(f"cannot write {path}: folder {path.parent} does not exist")
+    check_outputs(args.plot, args.json)
     return selected, policies
 
 

@@ -22,6 +22,7 @@ from ._common import (
     CLIError,
     add_size_arguments,
     build_case,
+    check_outputs,
     check_size_arguments,
     environment,
     missing_library,
@@ -31,7 +32,7 @@ from ._common import (
     select_adapters,
     split_names,
 )
-from .compare_frontier import check_outputs, format_frontier, frontier_value, write_json, write_plot
+from .compare_frontier import format_frontier, frontier_value, write_json, write_plot
 from .plan import budget_value
 
 

@@ -10,7 +10,6 @@ from typing import Any
 
 from ..experiments import Frontier, FrontierPoint, frontier_fractions
 from ..measure import CompiledActivations
-from ._common import CLIError
 
 _MiB = 2**20
 _DPI = 120
@@ -30,21 +29,6 @@ def frontier_value(text: str) -> tuple[float, ...]:
     if not fractions or any(not 0 <= f <= 1 for f in fractions):
         raise argparse.ArgumentTypeError(f"--frontier: torch's budget fractions lie in [0, 1], got {text!r}")
     return fractions
-
-
-def check_outputs(plot: Path | None, json_path: Path | None) -> None:
-    """Refuse a ``--plot`` that is no PNG or has no matplotlib, and outputs into folders that do not exist, before
-    anything is measured."""
-    if plot is not None:
-        if plot.suffix.lower() != ".png":
-            raise CLIError(f"--plot writes a PNG; give a file name ending in .png, not {plot.name!r}")
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise CLIError("--plot needs matplotlib: pip install 'ac-core[plot]'") from None
-    for path in (json_path, plot):
-        if path is not None and not path.parent.exists():
-            raise CLIError(f"cannot write {path}: folder {path.parent} does not exist")
 
 
 def _cell(value: float | None, spec: str) -> str:
