@@ -72,26 +72,18 @@ def _sequence_to_heads(x: torch.Tensor, group: Any) -> torch.Tensor:
     return got.transpose(0, 1).reshape(b, h * world, n // world, d)
 
 
-class _HeadsToSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return _heads_to_sequence(x, group)
+class _Reshard(torch.autograd.Function):
+    """Ulysses' all-to-all, heads to sequence (``to_sequence``) or back; its backward is the other direction."""
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _sequence_to_heads(grads[0], ctx.group), None
-
-
-class _SequenceToHeads(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return _sequence_to_heads(x, group)
+    def forward(ctx: Any, x: torch.Tensor, group: Any, to_sequence: bool) -> torch.Tensor:
+        ctx.group, ctx.to_sequence = group, to_sequence
+        return (_heads_to_sequence if to_sequence else _sequence_to_heads)(x, group)
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _heads_to_sequence(grads[0], ctx.group), None
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        back = _sequence_to_heads if ctx.to_sequence else _heads_to_sequence
+        return back(grads[0], ctx.group), None, None
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any = None) -> torch.Tensor:
@@ -100,9 +92,9 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: 
     forward (q, k, v and the output), four in backward; the kernel is torch's SDPA. ``group``: the process
     group (None: the default one)."""
     group = _group(group)
-    q, k, v = (_HeadsToSequence.apply(t, group) for t in (q, k, v))
+    q, k, v = (_Reshard.apply(t, group, True) for t in (q, k, v))
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
-    return _SequenceToHeads.apply(out, group)
+    return _Reshard.apply(out, group, False)
 
 
 def _gather(x: torch.Tensor, group: Any) -> torch.Tensor:
