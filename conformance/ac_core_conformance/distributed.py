@@ -15,7 +15,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
@@ -104,8 +104,16 @@ def _worker(
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world)
     subject = subject_for(adapter_ref, model_cls)
     results = [_one_step(subject, policy) for policy in policies]
+    _finish_rank(tmp, rank, results)
+
+
+def _finish_rank(tmp: str, rank: int, result: Any) -> NoReturn:
+    """End a rank of :func:`_run_ranks`: rank 0 saves ``result`` for the parent, every rank waits for the others,
+    marks itself done and leaves the process group, then exits without interpreter teardown."""
+    import torch.distributed as dist
+
     if rank == 0:
-        torch.save(results, os.path.join(tmp, _RESULT))
+        torch.save(result, os.path.join(tmp, _RESULT))
     # No rank tears gloo down while another is still in a collective.
     dist.barrier()
     _mark_done(tmp, rank)

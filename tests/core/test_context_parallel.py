@@ -8,8 +8,6 @@ counts, and rank 0 saves what both found.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -248,7 +246,7 @@ def _step_budget() -> dict[str, Any]:
 def _worker(rank: int, world: int, tmp: str) -> None:
     import torch.distributed as dist
 
-    from ac_core_conformance.distributed import _RESULT, _mark_done
+    from ac_core_conformance.distributed import _finish_rank
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world)
     torch.set_num_threads(1)  # two ranks on a small machine: one thread each keeps them from starving each other
@@ -269,14 +267,7 @@ def _worker(rank: int, world: int, tmp: str) -> None:
 
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, found)
-    if rank == 0:
-        torch.save(everyone, os.path.join(tmp, _RESULT))
-    dist.barrier()
-    _mark_done(tmp, rank)
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # gloo's threads can abort a finished process at interpreter teardown (see ac_core_conformance)
+    _finish_rank(tmp, rank, everyone)
 
 
 @pytest.fixture(scope="module")

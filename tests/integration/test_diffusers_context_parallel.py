@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +27,7 @@ import torch
 
 from ac_core import ModelCase, apply_activation_checkpointing, resolve_blocks
 from ac_core.measure import OpCounter
-from ac_core_conformance.distributed import _RESULT, _mark_done, _run_ranks
+from ac_core_conformance.distributed import _finish_rank, _run_ranks
 from ac_core_conformance.probes import capture_logs
 
 pytest.importorskip("diffusers")
@@ -116,15 +114,7 @@ def _worker(rank: int, world: int, tmp: str, name: str) -> None:
     runs = {(policy, order): _steps(name, policy, order) for policy, order in SETUPS}
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, runs)
-    if rank == 0:
-        torch.save(gathered, os.path.join(tmp, _RESULT))
-    dist.barrier()
-    _mark_done(tmp, rank)
-    dist.destroy_process_group()
-    # As the FSDP2 check's ranks do: gloo's threads can abort a finished process in interpreter teardown.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    _finish_rank(tmp, rank, gathered)
 
 
 @pytest.mark.parametrize("name", list(TINIES))

@@ -10,8 +10,6 @@ call, under ``full`` kernel calls and, where the forward runs any, more collecti
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +20,7 @@ from ac_core import DEFAULT_RETAINED_OPS, Full, Ops, PolicyConfig, apply_activat
 from ac_core.measure import OpCounter
 
 from ..base import AdapterTests
-from ..distributed import _RESULT, FSDP_TIMEOUT_S, _mark_done, _run_ranks, subject_for
+from ..distributed import FSDP_TIMEOUT_S, _finish_rank, _run_ranks, subject_for
 from ..policies import label
 from ..subjects import Subject, portable_ref
 from ..training import STEP_SEED, build, require_tiny
@@ -91,14 +89,7 @@ def _worker(
                 runs[(mode, label(policy), order)] = _one_step(subject, mode, policy, order)
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, _facts(runs))
-    if rank == 0:
-        torch.save(everyone, os.path.join(tmp, _RESULT))
-    dist.barrier()
-    _mark_done(tmp, rank)
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # gloo's native threads can abort a finished process at teardown (see ..distributed)
+    _finish_rank(tmp, rank, everyone)
 
 
 def check_context_parallel(
