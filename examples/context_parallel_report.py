@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -76,15 +75,13 @@ def _run(args: argparse.Namespace, mode: str, policy: str) -> dict[str, Any]:
             loss.backward()
         grads = [p.grad.clone() for p in model.parameters()]
         optimizer.step()
-        kept: Counter[str] = Counter()
-        for out in log.outputs:
-            if is_collective(out.op):
-                kept[out.op] += out.nbytes
         steps.append(
             {
                 "backward": {op: counter.count([op], "backward") for op in (KERNEL, *COLLECTIVES)},
                 # observe_retention sees what ops retain by name, not a plan's kept occurrences.
-                "collective_bytes": None if policy == "plan" else sum(kept.values()),
+                "collective_bytes": None
+                if policy == "plan"
+                else sum(out.nbytes for out in log.outputs if is_collective(out.op)),
                 "peak": memory.bytes,
                 "grads": grads,
             }
@@ -147,8 +144,9 @@ def main() -> None:
         f"{'grads equal':>11} {'step 1 peak MiB':>15} {'later peak MiB':>14}"
     )
     _say(
-        "\nre-runs: per step, in backward, beyond the unchecked parallel run's; peaks: forward and backward, above "
-        f"the weights and optimizer state; plan: {args.budget:g} of none's held bytes, priced on {args.gpu}"
+        "\nre-runs: the first step's, in backward, beyond the unchecked parallel run's; peaks: forward and "
+        f"backward, above the weights and optimizer state; plan: {args.budget:g} of none's held bytes, priced on "
+        f"{args.gpu}"
     )
     _say(header)
     for r in rows:

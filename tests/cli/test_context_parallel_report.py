@@ -12,8 +12,8 @@ import pytest
 import torch
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "context_parallel_report.py"
-DEPTH, TOKENS, BATCH, DIM = 2, 256, 2, 64
-SHARE = BATCH * (TOKENS // 2) * DIM * 4  # one all-to-all output on one rank: float32 q, k, v or the output
+WORLD, DEPTH, TOKENS, BATCH, DIM = 2, 2, 256, 2, 64
+SHARE = BATCH * (TOKENS // WORLD) * DIM * 4  # one all-to-all output on one rank: float32 q, k, v or the output
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
 
@@ -24,7 +24,7 @@ def _sizes() -> list[str]:
 
 def test_report_counts_what_each_policy_reruns_and_keeps(tmp_path: Path):
     out = tmp_path / "cp.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD), str(EXAMPLE)]
     result = subprocess.run(
         [*cmd, "--steps", "2", *_sizes(), "--json", str(out)], capture_output=True, text=True, timeout=300
     )
@@ -38,10 +38,14 @@ def test_report_counts_what_each_policy_reruns_and_keeps(tmp_path: Path):
         none, full, ops = rows[(mode, "none")], rows[(mode, "full")], rows[(mode, "ops")]
         assert (none["attention_reruns"], none["collective_reruns"], none["collective_bytes_kept"]) == (0, 0, 0)
         assert ops["attention_reruns"] == 0
-        assert full["attention_reruns"] >= DEPTH and full["collective_bytes_kept"] == 0
-        # The first step is checkpointed like every later one: its peak is no higher.
+        # Re-runs are the first step's: full recomputes every block's attention from it on (ring: each of the
+        # world's key-value chunks), so no block sits the first call out.
+        assert full["attention_reruns"] == DEPTH * (WORLD if mode == "ring" else 1)
+        assert full["collective_bytes_kept"] == 0
+        # Checkpointing lowers every step's peak, the first included. Steps are not compared with each other: any
+        # step's peak, none's too, varies between runs by one or two collective buffers (up to 0.125 MiB).
         for row in (full, ops, rows[(mode, "plan")]):
-            assert row["first_peak"] <= row["later_peak"] < none["first_peak"], row
+            assert max(row["first_peak"], row["later_peak"]) < min(none["first_peak"], none["later_peak"]), row
     ulysses = rows[("ulysses", "ops")]
     # Ulysses: full re-runs the four all-to-alls of every attention call; ops keeps them all.
     assert rows[("ulysses", "full")]["collective_reruns"] == 4 * DEPTH
