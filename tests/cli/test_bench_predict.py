@@ -11,13 +11,15 @@ import pytest
 import torch
 
 from ac_core import AdapterSpec, ModelCase, ModelSpec, checkpointed_blocks
-from ac_core.budget import MemoryBudget, StepBudget, predict_step
+from ac_core.blocks import resolve_blocks
+from ac_core.budget import MemoryBudget, StepBudget, StepPlanner, predict_step, profile_model
 from ac_core.budget.devices import CALIBRATION_ENV, DEVICES, Device, save_calibration
+from ac_core.budget.predict import step_facts
 from ac_core.budget.solve import none_step_seconds, recompute_seconds
 from ac_core.cli import main
 from ac_core.cli.report import spearman
 from ac_core.cli.rows import STEP, Variant, variants
-from ac_core.cli.runner import Planner, Settings, build, model_rows
+from ac_core.cli.runner import Planner, Settings, SkipRow, build, model_rows
 from ac_core.policies import BlockDecision, BlockMode
 from ac_core.testing import TOY_ADAPTER, ToyTransformer
 
@@ -118,6 +120,43 @@ def test_memory_rows_plan_a_step_budget_in_each_cost():
         assert peak.fits
     sgd = Planner(case, TOY_ADAPTER, _settings(optimizer="sgd")).step_budget(memory)
     assert (sgd.optimizer, sgd.loss, sgd.device) == ("sgd", case.loss, "cpu")
+
+
+def test_one_profile_and_one_step_measurement_serve_every_budget_and_step_row(monkeypatch):
+    counts = {"profile": 0, "facts": 0}
+
+    def counted(name, real):
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return real(*args, **kwargs)
+
+        return call
+
+    profile = counted("profile", profile_model)
+    monkeypatch.setattr("ac_core.cli.runner.profile_model", profile)
+    monkeypatch.setattr("ac_core.budget.planning.profile_model", profile)
+    monkeypatch.setattr("ac_core.budget.planning.step_facts", counted("facts", step_facts))
+    settings = _settings(predict=H100, step_device=H100)
+    case = build(TOY, settings)
+    memory = _step_memory(case)
+    planner = Planner(case, TOY_ADAPTER, settings)
+    budget = planner(Variant("budget", budget=MemoryBudget.of(0.5)))  # profiles before any step row
+    steps = variants(["none"], [2], memories=[memory, memory + 2**20])[1:]
+    plans = [planner(variant) for variant in steps]
+    with pytest.raises(SkipRow, match="no plan fits"):
+        planner(Variant(STEP, memory=1, cost="flops"))
+    assert counts == {"profile": 1, "facts": 1}
+    assert [p.cost for p in plans] == ["time", "flops"] * 2
+    assert [p.step_budget.nbytes for p in plans if p.step_budget] == [memory] * 2 + [memory + 2**20] * 2
+    assert planner(Variant("budget", budget=MemoryBudget.of(0.5))) == budget and counts["profile"] == 1
+    # The same plans as a StepPlanner of each row's own, profiling afresh.
+    blocks = resolve_blocks(case.model, TOY_ADAPTER, None)
+    for variant, plan in zip(steps, plans, strict=True):
+        assert variant.memory is not None
+        step = planner.step_budget(variant.memory)
+        own = StepPlanner(blocks, dict(case.inputs), step, cost=variant.cost, device=H100)
+        assert own.plan() == plan
+    assert counts == {"profile": 5, "facts": 5}
 
 
 def _bench(tmp_path: Path, *flags: str) -> tuple[int, dict]:

@@ -26,7 +26,8 @@ class StepPlanner:
     """Plans of one model at one input for step budgets that differ only in memory, and their predicted peaks:
     the model profiled once and the step's facts measured once (:func:`~ac_core.predict_step`'s), so that
     ``ac-core plan`` prices the budgets beside a plan without profiling again. ``device`` None: the step budget's
-    accelerator where it names one, else the model's own (:func:`default_device`)."""
+    accelerator where it names one, else the model's own (:func:`default_device`). ``profile``: one already made
+    of ``blocks`` at ``example_inputs`` (:func:`profile_model`'s), not made again."""
 
     def __init__(
         self,
@@ -36,6 +37,7 @@ class StepPlanner:
         *,
         cost: Cost | None = None,
         device: DeviceLike | None = None,
+        profile: ModelProfile | None = None,
     ) -> None:
         if device is None and step_budget.device not in (None, "cpu"):
             device = step_budget.device  # the CPU only where calibrated: default_device's rule, below
@@ -43,27 +45,34 @@ class StepPlanner:
         _costing(cost, self.device)
         self.blocks, self.example_inputs, self.step_budget = blocks, example_inputs, step_budget
         self.cost: Cost | None = cost
-        self._profile: ModelProfile | None = None
+        self._profile = profile
         self._facts: StepFacts | None = None
 
-    def _measured(self) -> tuple[ModelProfile, StepFacts]:
-        if self._profile is None or self._facts is None:
+    @property
+    def profile(self) -> ModelProfile:
+        """The model's profile at the inputs, made on the first need."""
+        if self._profile is None:
             self._profile = profile_model(self.blocks, self.example_inputs)
-            self._facts = step_facts(self.blocks, self.example_inputs, self.step_budget)
-        return self._profile, self._facts
+        return self._profile
 
-    def plan(self, memory: int | str | None = None) -> CheckpointPlan:
-        """The least-recompute plan within the step budget, or the same budget at ``memory`` (bytes or a size)."""
+    def _step_facts(self) -> StepFacts:
+        if self._facts is None:
+            self._facts = step_facts(self.blocks, self.example_inputs, self.step_budget)
+        return self._facts
+
+    def plan(self, memory: int | str | None = None, *, cost: Cost | None = None) -> CheckpointPlan:
+        """The least-recompute plan within the step budget, or the same budget at ``memory`` (bytes or a size);
+        ``cost`` None: the planner's own."""
         budget = self.step_budget if memory is None else dataclasses.replace(self.step_budget, memory=memory)
-        profile, facts = self._measured()
         containers = named_containers(self.blocks)
-        return plan_for_step(profile, facts, budget, containers, cost=self.cost, device=self.device)
+        cost = self.cost if cost is None else cost
+        return plan_for_step(self.profile, self._step_facts(), budget, containers, cost=cost, device=self.device)
 
     def predict(self, plan: CheckpointPlan) -> StepPeak:
         """``plan``'s predicted step peak under the step budget (its memory: the plan's own step budget's)."""
         plan.check_fits(self.blocks)
         budget = plan.step_budget if plan.step_budget is not None else self.step_budget
-        return plan_peak(plan, self._measured()[1], budget)
+        return plan_peak(plan, self._step_facts(), budget)
 
 
 def plan_blocks(

@@ -18,9 +18,8 @@ from torch import nn
 
 from .. import _chain
 from ..blocks import resolve_blocks
-from ..budget import CheckpointPlan, ModelProfile, StepBudget, plan_from_profile, profile_model
+from ..budget import CheckpointPlan, ModelProfile, StepBudget, StepPlanner, plan_from_profile, profile_model
 from ..budget.devices import Device
-from ..budget.predict import StepFacts, plan_for_step, step_facts
 from ..budget.solve import none_step_seconds, recompute_seconds
 from ..checkpointing import apply_activation_checkpointing, checkpointed_blocks, remove_activation_checkpointing
 from ..libraries.checkpointing import (
@@ -56,15 +55,18 @@ class SaveOnCpu(_chain.ForwardLayer):
 
 class Planner:
     """What one model's budget and step rows plan, and what ``--predict`` prices, at its inputs: the model profiled
-    once (on the first need), a step budget's facts once (its memory aside, every step row's are the same)."""
+    once (on the first need), a step budget's facts once (its memory aside, every step row's are the same): one
+    :class:`~ac_core.budget.StepPlanner`, made for the first step row and sharing the profile."""
 
     def __init__(self, case: ModelCase, adapter: AdapterSpec, settings: Settings) -> None:
         self.case, self.adapter, self.settings = case, adapter, settings
-        self._profile: ModelProfile | None = None
-        self._facts: StepFacts | None = None
+        self._profile: ModelProfile | None = None  # until a step row makes the StepPlanner, which then keeps it
+        self._steps: StepPlanner | None = None
 
     @property
     def profile(self) -> ModelProfile:
+        if self._steps is not None:
+            return self._steps.profile
         if self._profile is None:
             self._profile = profile_model(resolve_blocks(self.case.model, self.adapter, None), dict(self.case.inputs))
         return self._profile
@@ -75,17 +77,20 @@ class Planner:
         settings = self.settings
         return StepBudget(memory, device=settings.device.type, optimizer=settings.optimizer, loss=self.case.loss)
 
+    def _step_planner(self, memory: int | str) -> StepPlanner:
+        if self._steps is None:
+            blocks = resolve_blocks(self.case.model, self.adapter, None)
+            budget = self.step_budget(memory)
+            device = self.settings.step_device
+            self._steps = StepPlanner(blocks, dict(self.case.inputs), budget, device=device, profile=self._profile)
+        return self._steps
+
     def __call__(self, variant: Variant) -> CheckpointPlan:
         """The plan of a :data:`BUDGET` or :data:`STEP` row; SkipRow where no plan fits."""
         try:
             if variant.policy == STEP:
                 assert variant.memory is not None and variant.cost is not None
-                budget = self.step_budget(variant.memory)
-                if self._facts is None:
-                    blocks = resolve_blocks(self.case.model, self.adapter, None)
-                    self._facts = step_facts(blocks, dict(self.case.inputs), budget)
-                device = self.settings.step_device
-                return plan_for_step(self.profile, self._facts, budget, None, cost=variant.cost, device=device)
+                return self._step_planner(variant.memory).plan(variant.memory, cost=variant.cost)
             # FLOP-costed as without --predict (the same plan); with it, the plan's seconds predicted there too.
             return plan_from_profile(self.profile, variant.budget, cost="flops", device=self.settings.predict)
         except ValueError as exc:  # below the least any plan holds
@@ -252,7 +257,7 @@ class Settings:
     warmup: int
     subsets: bool = False
     predict: Device | None = None  # --predict: each row's overhead predicted on it
-    step_device: Device | None = None  # what step rows' time-costed plans are costed on
+    step_device: Device | None = None  # what step rows' time-costed plans are costed on (None: StepPlanner's)
     clock: str = "wall"  # or "cpu": the process's CPU time per step (see _step_seconds)
     optimizer: str = "adamw"  # whose state step rows' budgets count
 
