@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ac_core import AdapterSpec, ModelSpec
 from ac_core.libraries.diffusers import adapter_fields
+from ac_core.libraries.diffusers_parallel import CONTEXT_PARALLEL
 from ac_core.spec import VideoGeometry
 
 from .models.flux import token_count
@@ -53,5 +54,7 @@ SPEC = AdapterSpec(
     ),
     **adapter_fields(),
     token_count=token_count,
+    # Ulysses through diffusers' enable_parallelism: FLUX.1 and FLUX.2 declare a _cp_plan, FLUX.3 none.
+    context_parallel=CONTEXT_PARALLEL,
 )
 """The ``flux`` adapter, registered under the ``ac_core.adapters`` entry point ``flux``."""

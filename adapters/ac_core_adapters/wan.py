@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from ac_core import AdapterSpec, ExcludedContainer, ModelSpec
 from ac_core.libraries.diffusers import adapter_fields
+from ac_core.libraries.diffusers_parallel import CONTEXT_PARALLEL
 from ac_core.spec import VideoGeometry
 
 from .models.wan import token_count
@@ -101,5 +102,7 @@ SPEC = AdapterSpec(
     **{**_DIFFUSERS, "requirements": (*_DIFFUSERS["requirements"], *REQUIREMENTS)},
     prepare=prepare,
     token_count=token_count,
+    # Ulysses through diffusers' enable_parallelism: WanTransformer3DModel declares a _cp_plan, the others none.
+    context_parallel=CONTEXT_PARALLEL,
 )
 """The ``wan`` adapter, registered under the ``ac_core.adapters`` entry point ``wan``."""

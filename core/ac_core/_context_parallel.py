@@ -141,7 +141,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any
     exchanging keys and values: one ``_c10d_functional::all_gather_into_tensor`` of them per call in forward, one
     ``reduce_scatter_tensor`` of their gradients in backward; per chunk the CPU flash kernel
     (``aten::_scaled_dot_product_flash_attention_for_cpu``), so it runs on the CPU."""
-    if q.device.type != "cpu":
+    if q.device.type not in ("cpu", "meta"):  # meta: shapes only, as a plan on a stand-in process group runs it
         raise ValueError(f"ring_attention runs torch's CPU flash kernel; got tensors on {q.device}")
     return _RingAttention.apply(q, k, v, _group(group))
 

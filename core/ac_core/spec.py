@@ -362,11 +362,18 @@ class ContextParallel:
     """How an adapter's models split their sequence over ranks (context parallelism), for the conformance suite's
     check: ``modes`` the ways it can (``"ulysses"``, ``"ring"``); ``enable(model, mode)`` switches a built model to
     one of them inside the default process group (each rank then runs its chunk of the tokens); ``shard(inputs)``
-    gives this rank's part of one forward's inputs (the rest as they are)."""
+    gives this rank's part of one forward's inputs (the rest as they are; a library that splits them in its own
+    hooks, as diffusers does, passes them whole). ``unsupported(model)``: why a built model of a class the adapter
+    serves cannot run context parallel, or None where it can (None: every class can)."""
 
     modes: tuple[str, ...]
     enable: Callable[[nn.Module, str], None]
     shard: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+    unsupported: Callable[[nn.Module], str | None] | None = None
+
+    def reason(self, model: nn.Module) -> str | None:
+        """Why ``model`` cannot run context parallel, or None where it can."""
+        return None if self.unsupported is None else self.unsupported(model)
 
     def __post_init__(self) -> None:
         _tupled(self, "modes", self.modes)
@@ -376,6 +383,8 @@ class ContextParallel:
             )
         if not callable(self.enable) or not callable(self.shard):
             raise AdapterError("ContextParallel needs callables enable(model, mode) and shard(inputs)")
+        if self.unsupported is not None and not callable(self.unsupported):
+            raise AdapterError("ContextParallel.unsupported must be a callable unsupported(model) or None")
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,11 @@ and at every step (the first included): gradients bit-equal; every block's first
 was set up first; attention kernels and all-to-alls run again in backward, counted: all of them under
 ``full``, none beyond the plain backward's under ``ops``.
 
-What CPU lacks is patched inside the ranks, and only that: diffusers picks each rank's device as
-``rank % torch.accelerator.device_count()``, which is 0 on a CPU build (one device, the CPU, is what there is).
-Ulysses on diffusers' ``native`` backend needs nothing else; its ring needs an attention op that returns the
-log-sum-exp, which ``native`` does not, so it does not run on CPU (see the README).
+The models are switched as the adapters declare it (``ac_core.libraries.diffusers_parallel``), which on a build
+without an accelerator counts the CPU as the one device while diffusers picks each rank's (``rank %
+torch.accelerator.device_count()``, a division by zero there). Ulysses on diffusers' ``native`` backend needs
+nothing else; its ring needs an attention op that returns the log-sum-exp, which ``native`` does not, so it does
+not run on CPU (see the README).
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from unittest import mock
 
 import pytest
 import torch
 
 from ac_core import ModelCase, apply_activation_checkpointing, resolve_blocks
+from ac_core.libraries.diffusers_parallel import enable_context_parallel, whole_inputs
 from ac_core.measure import OpCounter
 from ac_core_conformance.distributed import _finish_rank, _run_ranks
 from ac_core_conformance.probes import capture_logs
@@ -61,14 +62,6 @@ class Tiny:
 TINIES = {"wan": Tiny(wan.tiny_wan, 3, 3), "flux": Tiny(flux.tiny_flux, 6, 6)}
 
 
-def _enable_ulysses(model: Any) -> None:
-    from diffusers.models._modeling_parallel import ContextParallelConfig
-
-    # The one thing CPU lacks: an accelerator count to take each rank's device modulo (0 here).
-    with mock.patch.object(torch.accelerator, "device_count", return_value=1):
-        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=WORLD))
-
-
 def _count_run(runs: list[int], *_: Any) -> None:
     runs[0] += 1
 
@@ -76,14 +69,13 @@ def _count_run(runs: list[int], *_: Any) -> None:
 def _steps(name: str, policy: str | None, order: str) -> dict[str, Any]:
     """Two steps of ``name`` under ``policy`` set up ``order`` enable_parallelism, as this rank sees them."""
     case = TINIES[name].make()
-    # diffusers' split hook on the model reads its output as a tuple (as its pipelines call it), not a dataclass.
-    case.inputs = {**case.inputs, "return_dict": False}
+    case.inputs = whole_inputs(case.inputs)  # return_dict=False: diffusers' split hook reads a tuple
     runs = [0]
     for block in resolve_blocks(case.model):  # counts each block's runs, forward and recompute alike
         next(block.module.children()).register_forward_pre_hook(functools.partial(_count_run, runs))
     if policy is not None and order == "before":
         apply_activation_checkpointing(case.model, policy)
-    _enable_ulysses(case.model)
+    enable_context_parallel(case.model, "ulysses")
     if policy is not None and order == "after":
         apply_activation_checkpointing(case.model, policy)
     steps = []

@@ -39,6 +39,10 @@ def _image_and_text() -> dict[str, torch.Tensor]:
     }
 
 
+def _batched_ids(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {**inputs, "img_ids": inputs["img_ids"][None], "txt_ids": inputs["txt_ids"][None]}
+
+
 def tiny_flux() -> ModelCase:
     """FluxTransformer2DModel, guidance-distilled as FLUX.1-dev: 3 double, 3 single blocks, 16 image + 6 text tokens."""
     from diffusers import FluxTransformer2DModel
@@ -66,7 +70,8 @@ def tiny_flux2() -> ModelCase:
 
     return make_case(
         lambda: Flux2Transformer2DModel(timestep_guidance_channels=16, axes_dims_rope=(2, 2, 2, 2), **_TINY),
-        lambda: {**_image_and_text(), "guidance": torch.tensor([3.5])},
+        # Positions batched as Flux2Pipeline passes them: diffusers' context-parallel plan splits 3-dim ids only.
+        lambda: {**_batched_ids(_image_and_text()), "guidance": torch.tensor([3.5])},
         sample_loss,
     )
 

@@ -61,6 +61,7 @@ from .profile import (
     _fed,
     _unchecked,
     call_model,
+    cpu_attention_on_meta_in_backward,
     profile_model,
     signature,
 )
@@ -235,7 +236,8 @@ def _backward_bytes(run: Callable[[], Any], wrt: list[torch.Tensor], params: Seq
         out = [t for t in plain_tensors(result) if t.requires_grad]
         out_bytes = _tensor_bytes(out)
         if out and targets:
-            torch.autograd.grad(out, targets, [torch.ones_like(t) for t in out], allow_unused=True)
+            with cpu_attention_on_meta_in_backward():
+                torch.autograd.grad(out, targets, [torch.ones_like(t) for t in out], allow_unused=True)
         del result, out
     return max(0, peak.peak - held - out_bytes)
 

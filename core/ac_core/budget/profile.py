@@ -351,13 +351,16 @@ def _float_mask(mask: Any, dtype: torch.dtype) -> Any:
     return torch.where(mask, attend, masked)
 
 
+_SDPA = torch.nn.functional.scaled_dot_product_attention  # torch's own, whatever the name is bound to later
+
+
 class _CpuAttentionOnMeta(TorchFunctionMode):
     """On ``meta`` tensors SDPA takes its math path (bmm, softmax, bmm), which is not what runs on a real CPU; route
     it to the fused CPU kernel, as on real CPU tensors, so that a meta plan is the plan of the real model."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention:
+        if func is _SDPA:
             # Called positionally (torch) or by keyword (diffusers' dispatcher: query=, key=, value=).
             names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
             options = dict(zip(names, args, strict=False)) | kwargs
@@ -374,6 +377,27 @@ class _CpuAttentionOnMeta(TorchFunctionMode):
                     scale=options.get("scale"),
                 )[0]
         return func(*args, **kwargs)
+
+
+def _sdpa_in_backward(*args: Any, **kwargs: Any) -> Any:
+    with _CpuAttentionOnMeta():
+        return _SDPA(*args, **kwargs)
+
+
+@contextmanager
+def cpu_attention_on_meta_in_backward() -> Iterator[None]:
+    """Within the block, ``torch.nn.functional.scaled_dot_product_attention`` routes meta tensors as
+    :class:`_CpuAttentionOnMeta` does: for a backward, which runs no function mode of its caller's. A custom
+    autograd Function may call SDPA in its backward (diffusers' context-parallel attention recomputes it there),
+    and on meta the math path's sequence-squared scores (a planned Wan2.1-14B rank over 2: 1.3 TiB) are made by
+    no real kernel. The name is bound back on leaving, on error too."""
+    functional = torch.nn.functional
+    bound = functional.scaled_dot_product_attention
+    functional.scaled_dot_product_attention = _sdpa_in_backward
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = bound
 
 
 def _detached_copy(value: Any) -> Any:

@@ -1,6 +1,6 @@
-"""``--frames``, ``--height``, ``--width`` and ``--cp``: the sequence one rank's preset is built with, from a video
-as users state it (the model's :class:`~ac_core.spec.VideoGeometry`) or from ``--seq``, split over context
-parallelism's ranks."""
+"""``--frames``, ``--height``, ``--width``, ``--cp`` and ``--cp-mode``: the sequence one rank's preset is built
+with, from a video as users state it (the model's :class:`~ac_core.spec.VideoGeometry`) or from ``--seq``, split
+over context parallelism's ranks."""
 
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ class RankTokens:
         one axis divided by ``cp`` (see :func:`split_grid`); None where the tokens were not given as a video."""
         return None if self.grid is None else split_grid(self.grid, self.cp)
 
-    def describe(self) -> str | None:
-        """One line on where the tokens come from, or None where nothing was given (the preset's default)."""
+    def describe(self, *, split: bool = True) -> str | None:
+        """One line on where the tokens come from, or None where nothing was given (the preset's default);
+        ``split``: with one rank's token grid (False: the model splits the sequence itself)."""
         if self.tokens is None:
             return None
         text = f"{self.tokens:,} tokens"
@@ -45,7 +46,7 @@ class RankTokens:
             text = f"{video}: {' x '.join(map(str, self.grid))} = {text}"
         if self.cp > 1:
             text += f", {self.per_rank:,} per rank over cp {self.cp}"
-            if self.rank_grid is not None:
+            if split and self.rank_grid is not None:
                 text += f" ({' x '.join(map(str, self.rank_grid))})"
         return text
 
@@ -67,7 +68,7 @@ def split_grid(grid: tuple[int, int, int], cp: int) -> tuple[int, int, int] | No
 
 
 def add_geometry_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--frames``, ``--height``, ``--width`` (a video or image in pixels) and ``--cp``."""
+    """``--frames``, ``--height``, ``--width`` (a video or image in pixels), ``--cp`` and ``--cp-mode``."""
     parser.add_argument(
         "--frames", type=positive, default=None, help="video frames (with --height, --width; instead of --seq)"
     )
@@ -77,7 +78,14 @@ def add_geometry_arguments(parser: argparse.ArgumentParser) -> None:
         "--cp",
         type=positive,
         default=1,
-        help="context-parallel ranks (Ulysses, ring): each rank is planned at the tokens divided by cp (1)",
+        help="context-parallel ranks (Ulysses, ring): where the adapter declares context parallelism, rank 0 is "
+        "planned with its collectives on stand-in ranks; else one rank at the tokens divided by cp (1)",
+    )
+    parser.add_argument(
+        "--cp-mode",
+        default=None,
+        metavar="MODE",
+        help="the adapter's context-parallel mode planned with --cp (ulysses, ring; default: its first)",
     )
 
 

@@ -4,7 +4,8 @@ The model and its inputs are built under ``torch.device("meta")``: nothing is al
 than this machine's memory (Wan2.1-14B, 40 blocks, 81 frames of 720p) is planned from shapes, FLOPs and bytes.
 The per-block table is printed; ``--json`` writes the plan, which ``CheckpointPlan.from_json`` loads back.
 ``--frames/--height/--width`` give the sequence as a video in pixels (the model's VAE and patch factors turn it
-into tokens) and ``--cp`` divides it over context-parallel ranks. ``--memory``/``--gpu`` with ``--fsdp`` and
+into tokens) and ``--cp`` divides it over context-parallel ranks (an adapter declaring context parallelism: rank 0
+planned with its collectives on stand-in ranks, :mod:`.context_parallel`). ``--memory``/``--gpu`` with ``--fsdp`` and
 ``--optimizer`` plan for a :class:`~ac_core.StepBudget` (a whole step's peak on one rank) instead of ``--budget``:
 the peak's parts are printed, and what an eighth less and more memory would cost.
 ``--offload`` lets the plan move checkpointed blocks' inputs to host memory (offload's default settings), as a
@@ -48,6 +49,7 @@ from ._common import (
     select_adapters,
     stdout,
 )
+from .context_parallel import cp_mode, planned_rank
 from .geometry import RankTokens, add_geometry_arguments, rank_tokens
 from .plan_measure import check_measure, measure_step
 
@@ -278,31 +280,36 @@ def run(args: argparse.Namespace) -> int:
     budget = step_budget(args)
     # A step budget counts the model states of the blocks built: without --layers, the real model's depth.
     depth = model.depths.get(args.preset) if budget is not None and args.layers is None else None
+    mode = cp_mode(adapter, args)
     silenced = {adapter.library} if adapter.library else set()
     start = time.perf_counter()
-    with library_notices_silenced(silenced):
-        case = _build(model, args, tokens, depth)
+    step: list[str] = []
+    predicted = None
+    with (
+        library_notices_silenced(silenced),
+        planned_rank(adapter, mode, args.cp, lambda whole: _build(model, args, tokens, depth, whole=whole)) as rank,
+    ):
         if budget is not None:
             # The step runs the preset's loss (an LLM's cross-entropy over its logits): the plan counts what it holds.
-            budget = dataclasses.replace(budget, loss=case.loss)
-        step: list[str] = []
-        predicted = None
+            budget = dataclasses.replace(budget, loss=rank.case.loss)
         if budget is None:
-            plan = _plan_case(case, adapter, args.budget, offload=args.offload, device=args.gpu)
+            plan = _plan_case(rank.case, adapter, args.budget, offload=args.offload, device=args.gpu)
         else:
-            plan, predicted, step = _step_plan(case, adapter, budget, args)
+            plan, predicted, step = _step_plan(rank.case, adapter, budget, args)
+        rank_words, parallel = rank.words, rank.parallel
+    del rank  # the planning copy: a measured step builds the preset again
     elapsed = time.perf_counter() - start
     console = stdout()
-    described = [text for text in (_depth_words(args.preset, depth, plan), tokens.describe()) if text is not None]
-    if described:
-        console.print(f"{model.class_name} at {args.preset}: {'; '.join(described)}", markup=False)
+    described = [_depth_words(args.preset, depth, plan), tokens.describe(split=not parallel), rank_words]
+    if any(text is not None for text in described):
+        words = "; ".join(text for text in described if text is not None)
+        console.print(f"{model.class_name} at {args.preset}: {words}", markup=False)
     console.print(str(plan), markup=False)
     for line in step:
         console.print(line, markup=False)
     console.print(f"planned on {args.device} in {elapsed:.1f} s")
     written = plan.to_json()
     if args.measure and predicted is not None:
-        del case  # the planning copy: the step is measured on the preset built again
         start = time.perf_counter()
         with library_notices_silenced(silenced):
             measured = measure_step(
@@ -319,15 +326,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _build(
-    model: ModelSpec, args: argparse.Namespace, tokens: RankTokens, depth: Mapping[str, int] | None
+    model: ModelSpec,
+    args: argparse.Namespace,
+    tokens: RankTokens,
+    depth: Mapping[str, int] | None,
+    *,
+    whole: bool = False,
 ) -> ModelCase:
-    """The preset's case as the arguments size it, on ``--device`` in ``--dtype``."""
+    """The preset's case as the arguments size it, on ``--device`` in ``--dtype``: at one rank's tokens, or with
+    ``whole`` at the whole sequence (a context-parallel model splits it itself)."""
+    grid = tokens.grid if whole else tokens.rank_grid
     return build_planned_case(
         model,
         args.preset,
         layers=args.layers,
-        seq=None if tokens.rank_grid is not None else tokens.per_rank,
-        grid=tokens.rank_grid,
+        seq=None if grid is not None else tokens.tokens if whole else tokens.per_rank,
+        grid=grid,
         depth=depth,
         device=args.device,
         dtype=DTYPES[args.dtype],

@@ -44,6 +44,11 @@ def check_measure(args: argparse.Namespace) -> None:
             f"--measure with --fsdp {args.fsdp}: one process cannot measure a sharded step; measure with --fsdp 1 "
             "(or leave it out), or measure the sharded step with ac-core train-fsdp2 on the GPUs"
         )
+    if args.cp > 1:
+        raise CLIError(
+            f"--measure with --cp {args.cp}: one process cannot run a context-parallel step; measure with --cp 1, or "
+            "run the ranks (examples/context_parallel_report.py measures each rank's peak)"
+        )
     if (args.optimizer or "adamw") not in _OPTIMIZERS:
         raise CLIError(f"--measure with --optimizer {args.optimizer}: measure with one of {', '.join(_OPTIMIZERS)}")
 
