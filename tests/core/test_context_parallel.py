@@ -220,6 +220,27 @@ def _parameter_collective() -> dict[str, Any]:
     }
 
 
+def _compiled() -> dict[str, Any]:
+    """Ulysses under ac_core.compile(model, Ops()) and under plain torch.compile (aot_eager), one step each from
+    the same weights: whether the gradients are equal."""
+    import ac_core
+    from ac_core.testing import TOY_ADAPTER, TOY_CONTEXT_PARALLEL
+
+    grads = []
+    for policy in (None, ac_core.Ops()):
+        case, inputs = _case("ulysses")
+        TOY_CONTEXT_PARALLEL.enable(case.model, "ulysses")
+        torch._dynamo.reset()
+        if policy is None:
+            compiled = torch.compile(case.model, backend="aot_eager")
+        else:
+            compiled = ac_core.compile(case.model, policy, backend="aot_eager", adapter=TOY_ADAPTER)
+        case.loss(compiled(**inputs)).backward()
+        grads.append([p.grad.clone() for p in case.model.parameters()])
+    torch._dynamo.reset()
+    return {"equal": all(torch.equal(a, b) for a, b in zip(*grads, strict=True))}
+
+
 def _step_budget() -> dict[str, Any]:
     """A StepBudget(cp=2) plan made on the ranks under Ulysses, just below none's predicted peak: what it was
     planned at, what it keeps and holds per block, and the bytes of each op occurrence it could keep."""
@@ -264,6 +285,7 @@ def _worker(rank: int, world: int, tmp: str) -> None:
     found["plans"] = plans
     found["parameter"] = _parameter_collective()
     found["step_budget"] = _step_budget()
+    found["compiled"] = _compiled()
 
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, found)
@@ -383,3 +405,9 @@ def test_a_step_budget_plans_one_ranks_tokens_and_prices_its_collectives(ranks):
         # What an ops block of the plan holds is what it keeps, the all-to-alls at one rank's bytes.
         kept_bytes = [sum(facts["sizes"][tuple(k)] for k in keep) for keep in facts["keep"] if keep]
         assert kept_bytes == facts["held"]
+
+
+def test_the_compiled_route_keeping_the_all_to_alls_trains_like_plain_torch_compile(ranks):
+    """What the graph route keeps and recomputes is counted on stand-in ranks (tests/graph/
+    test_compile_collectives.py); here, on real ones, its gradients against torch.compile's without the pass."""
+    assert all(found["compiled"]["equal"] for found in ranks)

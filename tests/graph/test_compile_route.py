@@ -144,16 +144,31 @@ def test_mode_is_spelled_as_options_for_inductor():
     assert isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule)
 
 
-def test_inductor_options_chain_an_existing_pass_and_key_the_cache():
+def test_inductor_options_keep_the_callers_passes_and_partitioner_and_key_the_cache():
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
     def theirs(graph: torch.fx.Graph) -> None:
         return None
 
-    options = GraphRoute().inductor_options({"joint_custom_post_pass": theirs, "max_autotune": False})
-    first, ours = options["joint_custom_post_pass"]
-    assert first is theirs and options["max_autotune"] is False
-    same = GraphRoute().inductor_options()["joint_custom_post_pass"]
-    other = GraphRoute(ac_core.DEFAULT_SAC_SAVE_OPS | {"mylib::attn"}).inductor_options()["joint_custom_post_pass"]
-    assert ours.uuid() == same.uuid() != other.uuid()
+    class Their(CustomPartitionerFn):
+        def __call__(self, gm, joint_inputs, **kwargs):
+            raise AssertionError("not run here")
+
+        def uuid(self) -> str:
+            return "theirs"
+
+    partitioner = Their()
+    options = GraphRoute().inductor_options(
+        {"joint_custom_post_pass": theirs, "custom_partitioner_fn": partitioner, "max_autotune": False}
+    )
+    ours = options["custom_partitioner_fn"]
+    # Their joint pass runs as before ours; their partitioner partitions the graph ours tagged.
+    assert options["joint_custom_post_pass"] is theirs and ours.inner is partitioner
+    assert options["max_autotune"] is False
+    same = GraphRoute().inductor_options()["custom_partitioner_fn"]
+    other = GraphRoute(ac_core.DEFAULT_SAC_SAVE_OPS | {"mylib::attn"}).inductor_options()["custom_partitioner_fn"]
+    kept = GraphRoute(activation_collectives=frozenset({"_c10d_functional::all_to_all_single"}))
+    assert len({same.uuid(), other.uuid(), kept.inductor_options()["custom_partitioner_fn"].uuid(), ours.uuid()}) == 4
 
 
 def test_dynamic_eager_policy_names_the_upstream_failure_and_the_ways_that_work(eager_only_full):

@@ -1,4 +1,4 @@
-"""The SAC pass in the shape inductor's ``joint_custom_post_pass`` option takes.
+"""The SAC pass in the shape inductor's ``custom_partitioner_fn`` option takes.
 
 Imported only by :func:`ac_core.compile`: importing inductor's pass types costs about a second.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch._inductor.custom_graph_pass import CustomGraphPass, CustomPartitionerFn
+from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from ..policies import BlockDecision
 from .partition import budget_partition
@@ -38,13 +38,17 @@ def _replays_rng(graph: fx.Graph) -> bool:
     )
 
 
-class SACGraphPass(CustomGraphPass):
-    """Runs :func:`ac_core.apply_sac_pass` on the joint graph, after inductor's own joint passes.
+class SACPartitioner(CustomPartitionerFn):
+    """Runs :func:`ac_core.apply_sac_pass` on the joint graph, then partitions it: inductor's
+    ``custom_partitioner_fn``, which inductor calls after its own joint passes.
 
-    After them, not before: inductor's pattern matcher replaces nodes (and turns random ops into
-    its seed ops) without carrying their tags. ``uuid()`` hashes this package's sources, the save
-    set, the blocks and the modules outside them, the decisions and what is recomputed for free, so inductor's and
-    AOTAutograd's caches never serve a graph partitioned another way.
+    After them, not before: inductor's pattern matcher replaces nodes (and turns random ops into its seed ops)
+    without carrying their tags. A partitioner rather than a joint pass, because the partitioner is handed
+    AOTAutograd's ``static_lifetime_input_indices`` (the parameters and buffers), which tell a parameter's
+    collective from an activation's. ``inner``: the partitioner given in the options already, run on the tagged
+    graph (default: torch's min-cut). ``uuid()`` hashes this package's sources, the save set, the blocks and the
+    modules outside them, the decisions, what is recomputed for free and the kept collectives (and ``inner``'s),
+    so inductor's and AOTAutograd's caches never serve a graph partitioned another way.
     """
 
     def __init__(
@@ -55,6 +59,8 @@ class SACGraphPass(CustomGraphPass):
         decisions: Sequence[BlockDecision] | None = None,
         recompute_free: bool = False,
         recompute_outside: bool = False,
+        activation_collectives: frozenset[str] = frozenset(),
+        inner: CustomPartitionerFn | None = None,
     ) -> None:
         self.retain = retain
         self.blocks = blocks
@@ -62,21 +68,31 @@ class SACGraphPass(CustomGraphPass):
         self.decisions = decisions
         self.recompute_free = recompute_free
         self.recompute_outside = recompute_outside
+        self.activation_collectives = activation_collectives
+        self.inner = inner
 
-    def __call__(self, graph: fx.Graph) -> None:
-        assert graph.owning_module is not None, "inductor passes the joint graph of a GraphModule"
+    def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any) -> tuple[Any, Any]:
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
         apply_sac_pass(
-            graph.owning_module,
+            gm,
             self.retain,
             blocks=self.blocks,
             outside_modules=self.outside_modules,
             decisions=self.decisions,
-            replay_rng=_replays_rng(graph),
+            replay_rng=_replays_rng(gm.graph),
             recompute_free=self.recompute_free,
             recompute_outside=self.recompute_outside,
+            activation_collectives=self.activation_collectives,
+            static_inputs=kwargs.get("static_lifetime_input_indices"),
         )
+        partition = self.inner if self.inner is not None else min_cut_rematerialization_partition
+        return partition(gm, joint_inputs, **kwargs)
 
-    def uuid(self) -> str:
+    def uuid(self) -> str | None:
+        inner = None if self.inner is None else self.inner.uuid()
+        if self.inner is not None and inner is None:
+            return None  # the inner partitioner is never cached, so neither is this
         digest = hashlib.sha256()
         for source in _SOURCES:
             digest.update(source.read_bytes())
@@ -89,6 +105,7 @@ class SACGraphPass(CustomGraphPass):
             else [(d.path, d.mode.value, d.keep, sorted(d.retain)) for d in self.decisions]
         )
         digest.update(repr((decisions, self.recompute_free, self.recompute_outside)).encode())
+        digest.update(repr((sorted(self.activation_collectives), inner)).encode())
         return digest.hexdigest()
 
 

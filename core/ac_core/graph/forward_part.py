@@ -11,10 +11,13 @@ _BACKWARD_TAGS = ("is_backward", "must_be_in_backward")
 _BACKWARD_INPUTS = ("tangents", "bwd_seed", "bwd_base_offset")
 
 
+def is_backward_input(node: fx.Node) -> bool:
+    """Whether ``node`` is a tangent or backward-seed placeholder: an input of the backward part."""
+    return node.op == "placeholder" and any(marker in str(node.target) for marker in _BACKWARD_INPUTS)
+
+
 def _starts_backward(node: fx.Node) -> bool:
-    if node.op == "placeholder" and any(marker in str(node.target) for marker in _BACKWARD_INPUTS):
-        return True
-    return node.meta.get("partitioner_tag") in _BACKWARD_TAGS
+    return is_backward_input(node) or node.meta.get("partitioner_tag") in _BACKWARD_TAGS
 
 
 def forward_ops(graph: fx.Graph, *, include_getitem: bool = False) -> list[fx.Node]:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from torch import fx
 from torch.utils.checkpoint import CheckpointPolicy
 
+from ..collectives import is_collective
 from ..op_names import op_matches
 from ..policies import BlockDecision, BlockMode
 from .blocks import block_regions, call_number
@@ -15,7 +16,8 @@ from .forward_part import forward_ops
 from .save_ops import op_name
 
 
-def _decision_of(region: str, decisions: dict[str, BlockDecision]) -> BlockDecision | None:
+def decision_of(region: str, decisions: dict[str, BlockDecision]) -> BlockDecision | None:
+    """The decision of the block a node's region names, however the graph spells its path."""
     # The graph spells paths from the compiled module: "blocks.0" for the plan's "model.blocks.0" behind a
     # wrapper, or the other way round.
     for path, decision in decisions.items():
@@ -26,8 +28,8 @@ def _decision_of(region: str, decisions: dict[str, BlockDecision]) -> BlockDecis
 
 def keep_planned(graph: fx.Graph, decisions: Sequence[BlockDecision]) -> tuple[int, int]:
     """Tag the forward ops of each decided block: MUST_SAVE all of an unchecked block's, and of an ``ops`` block
-    its kept occurrences and every occurrence of its retained op names; the rest keep the PREFER_RECOMPUTE the
-    save-set pass gave them.
+    its kept occurrences and every occurrence of its retained op names but collectives (kept where they move
+    activations, see ``save_collectives.py``); the rest keep the PREFER_RECOMPUTE the save-set pass gave them.
 
     Occurrences are counted per op name in graph order within each call of the block (dynamo marks a block's
     later calls in one forward), as the eager plan counts them in each checkpointed call. Returns (occurrences
@@ -45,7 +47,7 @@ def keep_planned(graph: fx.Graph, decisions: Sequence[BlockDecision]) -> tuple[i
         if region is None:
             continue
         if region not in resolved:
-            resolved[region] = _decision_of(region, by_path)
+            resolved[region] = decision_of(region, by_path)
         decision = resolved[region]
         if decision is None or decision.mode == BlockMode.FULL:
             continue
@@ -59,7 +61,7 @@ def keep_planned(graph: fx.Graph, decisions: Sequence[BlockDecision]) -> tuple[i
         index = seen[(*call, name)]
         seen[(*call, name)] += 1
         pairs = found[call]  # a call seen, even where it keeps nothing found
-        if op_matches(name, decision.retain):
+        if op_matches(name, decision.retain) and not is_collective(name):  # collectives: save_collectives.py
             node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
             retained += 1
         elif (name, index) in decision.keep:

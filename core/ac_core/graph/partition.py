@@ -24,9 +24,12 @@ def sac_partition(
     decisions: Sequence[BlockDecision] | None = None,
     recompute_free: bool = False,
     recompute_outside: bool = False,
+    activation_collectives: frozenset[str] = frozenset(),
     **kwargs: Any,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """A ``partition_fn`` for ``aot_autograd``: :func:`apply_sac_pass`, then ``partition`` (min-cut by default)."""
+    """A ``partition_fn`` for ``aot_autograd``: :func:`apply_sac_pass`, then ``partition`` (min-cut by default).
+    AOTAutograd's ``static_lifetime_input_indices`` (the parameters and buffers) tell the pass which collectives
+    move parameters, and go on to the partitioner."""
     if partition is None:
         from torch._functorch.partitioners import min_cut_rematerialization_partition as partition
     apply_sac_pass(
@@ -37,6 +40,8 @@ def sac_partition(
         decisions=decisions,
         recompute_free=recompute_free,
         recompute_outside=recompute_outside,
+        activation_collectives=activation_collectives,
+        static_inputs=kwargs.get("static_lifetime_input_indices"),
     )
     return partition(gm, joint_inputs, **kwargs)
 

@@ -23,6 +23,7 @@ class GraphRoute:
     ``activation_memory_budget`` (a fraction) instead. ``recompute_free``: what costs no FLOPs to recompute
     (outside the blocks, block inputs summed from kept outputs) is left to the partitioner rather than saved (see
     :func:`~ac_core.apply_sac_pass`); ``recompute_outside`` with it: nothing outside the blocks is held.
+    ``activation_collectives``: collectives whose outputs are saved where they move activations.
     :func:`~ac_core.prepare_graph_route` makes one from a
     model, :meth:`following` applies a policy's :class:`~ac_core.GraphDecisions`; :func:`ac_core.compile` and
     the measurements build their backends from it.
@@ -35,6 +36,7 @@ class GraphRoute:
     memory_budget: float | None = None
     recompute_free: bool = False
     recompute_outside: bool = False
+    activation_collectives: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         OpSet(self.retain)  # reject a malformed op
@@ -52,6 +54,7 @@ class GraphRoute:
             memory_budget=decisions.torch_budget,
             recompute_free=decisions.recompute_free,
             recompute_outside=decisions.recompute_outside,
+            activation_collectives=decisions.activation_collectives,
         )
 
     def partition_fn(self) -> PartitionFn:
@@ -66,6 +69,7 @@ class GraphRoute:
             decisions=self.decisions,
             recompute_free=self.recompute_free,
             recompute_outside=self.recompute_outside,
+            activation_collectives=self.activation_collectives,
         )
 
     def aot_eager(self) -> Callable[..., Any]:
@@ -75,10 +79,12 @@ class GraphRoute:
     def inductor_options(self, options: dict[str, Any] | None = None) -> dict[str, Any]:
         """``options`` for ``torch.compile(backend="inductor")`` that run the pass on each joint graph.
 
-        The pass is added to any ``joint_custom_post_pass`` already in ``options``. Being an option, it
-        applies to that compile only and is part of inductor's and AOTAutograd's cache keys.
+        The pass runs in inductor's ``custom_partitioner_fn``, after inductor's joint passes (and any
+        ``joint_custom_post_pass`` in ``options``); a ``custom_partitioner_fn`` already in ``options`` partitions
+        the graph the pass tagged. Being an option, it applies to that compile only and is part of inductor's and
+        AOTAutograd's cache keys.
         """
-        from ._inductor import BudgetPartitioner, SACGraphPass
+        from ._inductor import BudgetPartitioner, SACPartitioner
 
         merged = dict(options or {})
         if self.memory_budget is not None:
@@ -86,13 +92,14 @@ class GraphRoute:
                 raise ValueError("options= has a custom_partitioner_fn; torch's memory budget needs its own")
             merged["custom_partitioner_fn"] = BudgetPartitioner(self.memory_budget)
             return merged
-        existing = merged.get("joint_custom_post_pass")
-        ours = SACGraphPass(
-            self.retain, self.blocks, self.outside_modules, self.decisions, self.recompute_free, self.recompute_outside
+        merged["custom_partitioner_fn"] = SACPartitioner(
+            self.retain,
+            self.blocks,
+            self.outside_modules,
+            self.decisions,
+            self.recompute_free,
+            self.recompute_outside,
+            self.activation_collectives,
+            inner=merged.get("custom_partitioner_fn"),
         )
-        if existing is None:
-            merged["joint_custom_post_pass"] = ours
-        else:
-            earlier = list(existing) if isinstance(existing, (list, tuple)) else [existing]
-            merged["joint_custom_post_pass"] = [*earlier, ours]
         return merged

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from torch import fx
 
 from .._deprecated import UNSET, renamed
-from ..policies import BlockDecision
+from ..collectives import is_collective
+from ..policies import BlockDecision, BlockMode
 from .alternate_matmuls import alternate_matmuls
-from .keep_planned import keep_planned
+from .blocks import block_regions
+from .forward_part import forward_ops
+from .keep_planned import decision_of, keep_planned
 from .save_block_outputs import save_block_outputs
+from .save_collectives import save_activation_collectives
 from .save_ops import DEFAULT_SAC_SAVE_OPS, OpSet
 from .save_outside_blocks import save_outside_blocks
 from .save_rng import save_rng
@@ -31,6 +35,8 @@ def apply_sac_pass(
     replay_rng: bool = True,
     recompute_free: bool = False,
     recompute_outside: bool = False,
+    activation_collectives: Iterable[str] = (),
+    static_inputs: Collection[int] | None = None,
     op_list_to_save: Any = UNSET,
     plan: Any = UNSET,
 ) -> fx.GraphModule:
@@ -63,7 +69,11 @@ def apply_sac_pass(
     kept outputs); the partitioner keeps them or recomputes them, whichever holds fewer bytes, and no block's
     recompute runs another block's matmuls. ``recompute_outside=True`` with it holds nothing outside the blocks:
     what backward needs there is recomputed, matmuls and convolutions included (a patch embedding, from the
-    batch). ``plan=`` is the old name of ``decisions=``.
+    batch). ``activation_collectives``: names of collectives whose outputs are saved where they move activations
+    (Ulysses' all-to-alls), in every block, or with ``decisions`` in the blocks whose decision retains them;
+    ``static_inputs``: the primal indices of the parameters and buffers (AOTAutograd's
+    ``static_lifetime_input_indices``), which tell a parameter's collective apart; without them no collective is
+    saved by name (see ``save_collectives.py``). ``plan=`` is the old name of ``decisions=``.
     """
     if recompute_outside and not recompute_free:
         raise ValueError("recompute_outside=True goes with recompute_free=True (a memory budget's plan)")
@@ -95,18 +105,45 @@ def apply_sac_pass(
     outside = save_outside_blocks(
         graph, named, None if outside_modules is None else frozenset(outside_modules), keep=keep
     )
+    collectives = save_activation_collectives(
+        graph, _kept_collectives(graph, named, decisions, frozenset(activation_collectives)), static_inputs
+    )
     random_ops = save_rng(graph, replay=replay_rng)
     boundaries = save_block_outputs(graph, named, derive=recompute_free, outside=recompute_outside)
     gm.recompile()
     logger.info(
         "ac-core: graph SAC pass saved %d ops of the save set, %d of %d matmuls, %d block outputs, "
-        "%d ops outside blocks (%s), %d more random ops",
+        "%d ops outside blocks (%s), %d activation collectives, %d more random ops",
         in_save_set,
         matmuls_saved,
         matmuls,
         boundaries,
         outside,
         keep,
+        collectives,
         random_ops,
     )
     return gm
+
+
+def _kept_collectives(
+    graph: fx.Graph,
+    blocks: frozenset[str] | None,
+    decisions: Sequence[BlockDecision] | None,
+    names: frozenset[str],
+) -> Callable[[fx.Node], frozenset[str]]:
+    """The collective names kept where a node ran: ``names`` anywhere without decisions; with them, the names its
+    block's ``ops`` decision retains (none outside the blocks, nor in a block recomputed whole or left unchecked)."""
+    if decisions is None:
+        return lambda node: names
+    by_path = {d.path: d for d in decisions}
+    regions = block_regions(forward_ops(graph), blocks if blocks is not None else by_path)
+
+    def kept(node: fx.Node) -> frozenset[str]:
+        region = regions.get(node)
+        decision = None if region is None else decision_of(region, by_path)
+        if decision is None or decision.mode != BlockMode.OPS:
+            return frozenset()
+        return frozenset(op for op in decision.retain if is_collective(op)) | names
+
+    return kept

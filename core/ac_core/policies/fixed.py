@@ -9,6 +9,7 @@ from typing import ClassVar
 from ..blocks import ModelBlocks
 from ..collectives import ACTIVATION_COLLECTIVES, is_collective
 from ..ops import DEFAULT_RETAINED_OPS, ROUTING_OPS, check_op_names
+from ..registry import find_adapter, get_adapter
 from .modes import BlockMode
 from .registry import BlockSelection, GraphDecisions, GraphRequest, PolicyConfig, PolicyTraits, register_policy
 
@@ -98,9 +99,18 @@ def _full(config: Full, blocks: ModelBlocks) -> list[BlockSelection]:
 
 def _ops_on_the_graph(config: Ops, request: GraphRequest) -> GraphDecisions:
     # The pass's own save set (SDPA kernels, the adapter's ops) and its matmul alternation, in every block it finds:
-    # blocks need not be named, the pass finds them in the graph. The routing decision is kept there too. A
-    # collective named in retain is not: the pass keeps by name, and could not tell a parameter's all-gather apart.
-    return GraphDecisions(retain=frozenset(op for op in config.retain if not is_collective(op)) | ROUTING_OPS)
+    # blocks need not be named, the pass finds them in the graph. The routing decision is kept there too. The
+    # activation collectives (those named in retain, and with collectives=True the adapter's) go apart: the pass
+    # keeps them only where they move no parameter.
+    named = frozenset(op for op in config.retain if is_collective(op))
+    collectives = named | (_activation_collectives(request) if config.collectives else frozenset())
+    return GraphDecisions(retain=(config.retain - named) | ROUTING_OPS, activation_collectives=collectives)
+
+
+def _activation_collectives(request: GraphRequest) -> frozenset[str]:
+    """The activation collectives of the adapter serving the request's model (the default ones without one)."""
+    adapter = get_adapter(request.adapter) if request.adapter is not None else find_adapter(request.model)
+    return frozenset(adapter.activation_collectives) if adapter is not None else ACTIVATION_COLLECTIVES
 
 
 @register_policy(

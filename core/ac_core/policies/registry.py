@@ -111,7 +111,10 @@ class GraphDecisions:
     budget's plan, which counts what the compiled step saves) rather than saved (False); ``recompute_outside`` with
     it: nothing outside the blocks is held, the partitioner recomputes there what backward needs, matmuls
     included (cheaper than holding it where a budget is tight: a patch embedding recomputed from the batch).
-    ``on_compiled``: run on the compiled module (a plan refuses inputs of other shapes there).
+    ``activation_collectives``: names of collectives (``"_c10d_functional::all_to_all_single"``) whose outputs the
+    pass saves in every block where they move no parameter (told apart by what they move, as in eager); a block
+    decision keeps those its ``retain`` names the same way. ``on_compiled``: run on the compiled module (a plan
+    refuses inputs of other shapes there).
     """
 
     blocks: tuple[BlockDecision, ...] | None = None
@@ -119,6 +122,7 @@ class GraphDecisions:
     torch_budget: float | None = None
     recompute_free: bool = False
     recompute_outside: bool = False
+    activation_collectives: frozenset[str] = frozenset()
     on_compiled: Callable[[nn.Module], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -235,9 +239,10 @@ def _derived(config: PolicyConfig, blocks: ModelBlocks) -> tuple[BlockDecision, 
         if selection is None:
             decisions.append(BlockDecision(block.path, BlockMode.NONE))
         elif selection.kind == BlockMode.OPS:
-            # The pass keeps by name: a collective there could be a parameter's all-gather (see collectives.py).
-            retain = frozenset(op for op in selection.retained if not is_collective(op))
-            decisions.append(BlockDecision(block.path, BlockMode.OPS if retain else BlockMode.FULL, retain=retain))
+            # A collective retained is kept where it moves activations only (the pass's save_collectives.py).
+            retain = frozenset(selection.retained)
+            kept = any(not is_collective(op) for op in retain)
+            decisions.append(BlockDecision(block.path, BlockMode.OPS if kept else BlockMode.FULL, retain=retain))
         else:
             decisions.append(BlockDecision(block.path, BlockMode.FULL))
     return tuple(decisions)
