@@ -220,6 +220,71 @@ def _parameter_collective() -> dict[str, Any]:
     }
 
 
+def _under_fsdp2() -> dict[str, dict[str, Any]]:
+    """Ulysses on the toy with every block and the root fully_shard-ed over the same 2 ranks (FSDP2 over the
+    sequence-parallel group, as DeepSpeed-Ulysses with ZeRO), per policy applied before or after sharding: the
+    backward's all-to-alls and attention kernels, and whether the full gradients equal the unchecked run's."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from ac_core import apply_activation_checkpointing
+    from ac_core.measure import OpCounter
+    from ac_core.testing import TOY_ADAPTER, TOY_CONTEXT_PARALLEL
+
+    runs = {}
+    for policy, order in (("none", "before"), *((p, o) for p in ("full", "ops") for o in ORDERS)):
+        case, inputs = _case("ulysses")
+        TOY_CONTEXT_PARALLEL.enable(case.model, "ulysses")
+        if policy != "none" and order == "before":
+            apply_activation_checkpointing(case.model, _config(policy, None), adapter=TOY_ADAPTER)
+        for layer in case.model.layers:
+            fully_shard(layer)
+        fully_shard(case.model)
+        if policy != "none" and order == "after":
+            apply_activation_checkpointing(case.model, _config(policy, None), adapter=TOY_ADAPTER)
+        with OpCounter() as counter:
+            case.loss(case.model(**inputs)).backward()
+        grads = {}
+        for name, p in case.model.named_parameters():
+            grad = p.grad
+            grads[name] = grad.full_tensor() if isinstance(grad, DTensor) else grad
+        runs[f"{policy}/{order}"] = {
+            "backward": {op: counter.count([op], "backward") for op in (A2A, KERNEL)},
+            "grads": grads,
+        }
+    plain = runs["none/before"]["grads"]
+    return {
+        key: {"backward": run["backward"], "equal": all(torch.equal(run["grads"][n], g) for n, g in plain.items())}
+        for key, run in runs.items()
+    }
+
+
+def _profiled_step() -> dict[str, Any]:
+    """A Ulysses step profiled on each rank (profile_step), rank 1's own figures made to differ: what each rank's
+    profile says and plans."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from ac_core import profile_step
+    from ac_core.testing import TOY_ADAPTER, TOY_CONTEXT_PARALLEL
+
+    case, inputs = _case("ulysses")
+    TOY_CONTEXT_PARALLEL.enable(case.model, "ulysses")
+    with profile_step(case.model, adapter=TOY_ADAPTER) as step:
+        case.loss(case.model(**inputs)).backward()
+    if dist.get_rank() == 1:  # as a rank's measurement may differ by timing (collectives.agreed)
+        made = step._made_profile()
+        step._made_profile = lambda: dataclasses.replace(made, none_bytes=made.none_bytes + 1)  # type: ignore[method-assign]
+    profile = step.profile
+    plan = step.plan(0.5)
+    return {
+        "none_bytes": profile.none_bytes,
+        "grouped": profile.group is not None,
+        "keep": [b.keep for b in plan.blocks],
+    }
+
+
 def _compiled() -> dict[str, Any]:
     """Ulysses under ac_core.compile(model, Ops()) and under plain torch.compile (aot_eager), one step each from
     the same weights: whether the gradients are equal."""
@@ -286,6 +351,8 @@ def _worker(rank: int, world: int, tmp: str) -> None:
     found["parameter"] = _parameter_collective()
     found["step_budget"] = _step_budget()
     found["compiled"] = _compiled()
+    found["fsdp2"] = _under_fsdp2()
+    found["profiled"] = _profiled_step()
 
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, found)
@@ -411,3 +478,22 @@ def test_the_compiled_route_keeping_the_all_to_alls_trains_like_plain_torch_comp
     """What the graph route keeps and recomputes is counted on stand-in ranks (tests/graph/
     test_compile_collectives.py); here, on real ones, its gradients against torch.compile's without the pass."""
     assert all(found["compiled"]["equal"] for found in ranks)
+
+
+def test_under_fsdp2_ops_keeps_the_all_to_alls_and_gradients_equal_the_unchecked_run(ranks):
+    """FSDP2's all-gathers move parameters and are never kept; Ulysses' all-to-alls move activations and are,
+    whether ac-core is applied before or after fully_shard."""
+    for found in ranks:
+        runs = found["fsdp2"]
+        plain = runs["none/before"]["backward"]
+        assert plain == {A2A: 4 * DEPTH, KERNEL: 0}  # q, k, v and the output's gradients; SDPA's own backward
+        for order in ORDERS:
+            assert runs[f"ops/{order}"] == {"backward": plain, "equal": True}, order
+            full = runs[f"full/{order}"]
+            assert full["equal"] and full["backward"] == {A2A: 8 * DEPTH, KERNEL: DEPTH}, order
+
+
+def test_a_profiled_step_plans_the_same_on_every_rank(ranks):
+    """Rank 1 measured one byte more: each rank's profile is rank 0's, so both keep the same ops."""
+    assert ranks[0]["profiled"] == ranks[1]["profiled"]
+    assert ranks[0]["profiled"]["grouped"]

@@ -40,6 +40,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..blocks import Block, ModelBlocks, resolve_blocks
+from ..collectives import agreed
 from ..libraries.checkpointing import FLAG
 from ..measure.memory import live_nbytes, new_storages, plain_tensors, storage_ref
 from ..offload import OffloadConfig
@@ -115,6 +116,7 @@ class StepProfile:
         self._input_bytes = 0
         self._output_bytes = 0
         self._stack = ExitStack()
+        self._profile: ModelProfile | None = None  # made once, as the group's first rank made it
 
     def __enter__(self) -> StepProfile:
         if self._recording or self._keys:
@@ -260,7 +262,17 @@ class StepProfile:
     @property
     def profile(self) -> ModelProfile:
         """The step's :class:`~ac_core.budget.ModelProfile`: ``none_bytes`` as the step held at backward's start,
-        ``full_bytes`` (hence ``min_bytes``) from where its storages were made, the blocks' own profiles."""
+        ``full_bytes`` (hence ``min_bytes``) from where its storages were made, the blocks' own profiles.
+
+        Where the blocks' collectives ran over ranks (context parallelism), the first access is itself a
+        collective: every rank of the group takes the first rank's profile, so that every rank plans the same
+        (keep decisions that differ between ranks deadlock the recompute). Access it, or plan, on every rank."""
+        if self._profile is None:
+            made = self._made_profile()
+            self._profile = agreed(made, made.group)
+        return self._profile
+
+    def _made_profile(self) -> ModelProfile:
         resolved = self.resolved
         if self._figures is None:
             raise ValueError(
