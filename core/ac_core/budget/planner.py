@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -89,13 +90,15 @@ def plan_from_profile(
     cost: Cost | None = None,
     device: DeviceLike | None = None,
     quiet: bool = False,
+    layout_budget: Callable[[frozenset[int]], int] | None = None,
 ) -> CheckpointPlan:
     """The plan for ``memory_budget`` from a model's profile (:func:`~ac_core.budget.profile_model`): profile
     once, plan at several budgets (what ``ac-core bench --policy budget`` does). ``containers``: those
     ``blocks=`` named (see :func:`named_containers`), recorded in the plan. ``cost`` and ``device`` as for
     :func:`plan_activation_checkpointing`, but a profile does not know its model's device: without ``device``
     the plan is costed in FLOPs. ``quiet``: no warning for a budget at or above what ``none`` holds (a caller
-    that derived the budget says it in its own terms)."""
+    that derived the budget says it in its own terms). ``layout_budget``: a tighter budget per set of unchecked
+    blocks (see :func:`~.solve.solve`), which a step budget derives from backward's transient."""
     memory_budget = MemoryBudget.of(memory_budget)
     where = resolve_device(device) if device is not None else None
     cost = _costing(cost, where)
@@ -122,7 +125,7 @@ def plan_from_profile(
             )
         choices = [Choice(BlockMode.NONE, (), p.none_bytes, 0) for _, p in profile.blocks]
     else:
-        choices = solve(profile, budget, model, cost=cost, device=where)
+        choices = solve(profile, budget, model, cost=cost, device=where, layout_budget=layout_budget)
     moved = Moved()
     if model is not None:
         moved = model.moved([path for (path, _), c in zip(profile.blocks, choices, strict=True) if c.offload])

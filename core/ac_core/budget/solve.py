@@ -39,7 +39,7 @@ import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -275,11 +275,11 @@ class _Problem:
         gone = self.moved(i for i, c in enumerate(choices) if c.offload)
         return self.profile.min_bytes + sum(c.held_bytes for c in choices) - gone.gain
 
-    def fill(self, unchecked: set[int], offloaded: list[int]) -> list[Choice] | None:
+    def fill(self, unchecked: set[int], offloaded: list[int], budget: int | None = None) -> list[Choice] | None:
         """The least-recompute choices with ``unchecked`` blocks left as they are and ``offloaded`` blocks' inputs
-        on the host; None where that cannot fit."""
+        on the host, within ``budget`` (None: the problem's); None where that cannot fit."""
         blocks = self.blocks
-        room = self.budget - self.profile.min_bytes
+        room = (self.budget if budget is None else budget) - self.profile.min_bytes
         room -= sum(p.none_bytes if i in unchecked else p.routing_bytes for i, p in enumerate(blocks))
         room += self.moved(offloaded).gain
         if room < 0:
@@ -330,10 +330,15 @@ def solve(
     *,
     cost: Cost = "flops",
     device: Device | None = None,
+    layout_budget: Callable[[frozenset[int]], int] | None = None,
 ) -> list[Choice]:
     """Each block's choice (in ``profile.blocks`` order) holding at most ``budget_bytes`` in all, least recompute
     in ``cost`` (``"time"`` needs ``device``; with one, choices carry predicted seconds either way); with
-    ``offload``, checkpointed blocks' inputs go to the host where that leaves room to keep more."""
+    ``offload``, checkpointed blocks' inputs go to the host where that leaves room to keep more.
+
+    ``layout_budget(unchecked)``: the most a plan leaving the blocks at those indices unchecked may hold, where
+    less than ``budget_bytes`` (a step budget's: backward's transient is set by which blocks are checkpointed);
+    ValueError where no layout fits it."""
     if cost == "time" and device is None:
         raise ValueError('cost="time" needs a device to predict seconds on')
     problem = _Problem(profile, budget_bytes, offload, cost, device)
@@ -352,17 +357,21 @@ def solve(
         offloaded = [i for i in movable if i not in unchecked]
         if problem.moved(offloaded).gain <= 0:
             offloaded = []
-        choices = problem.fill(unchecked, offloaded)
+        choices = problem.fill(unchecked, offloaded, _cap(budget_bytes, layout_budget, unchecked))
         if choices is None:
             continue
         score = (problem.total(choices), problem.device_bytes(choices))
         if best is None or score < best[0]:
             best = (score, unchecked, offloaded, choices)
-    assert best is not None, "budget below the least a plan holds; checked by the caller"
+    if best is None:
+        if layout_budget is None:
+            raise AssertionError("budget below the least a plan holds; checked by the caller")
+        raise ValueError("no layout of unchecked blocks fits its budget")
     (least, _), unchecked, offloaded, choices = best
+    cap = _cap(budget_bytes, layout_budget, unchecked)
     # Then offload no more than that recompute needs: the first blocks' inputs first, which backward needs last.
     for count in range(len(offloaded)):
-        fewer = problem.fill(unchecked, offloaded[:count])
+        fewer = problem.fill(unchecked, offloaded[:count], cap)
         if fewer is not None and problem.total(fewer) <= least:
             choices = fewer
             break
@@ -372,6 +381,11 @@ def solve(
     for i, (c, p) in enumerate(zip(choices, blocks, strict=True)):
         if c.mode != BlockMode.NONE and (cost == "time" or c.recompute_flops == 0):
             trial = problem.priced([*choices[:i], Choice(BlockMode.NONE, (), p.none_bytes, 0), *choices[i + 1 :]])
-            if problem.device_bytes(trial) <= budget_bytes:
+            left = {j for j, t in enumerate(trial) if t.mode == BlockMode.NONE}
+            if problem.device_bytes(trial) <= _cap(budget_bytes, layout_budget, left):
                 choices = trial
     return choices
+
+
+def _cap(budget_bytes: int, layout_budget: Callable[[frozenset[int]], int] | None, unchecked: set[int]) -> int:
+    return budget_bytes if layout_budget is None else min(budget_bytes, layout_budget(frozenset(unchecked)))
