@@ -537,9 +537,9 @@ def _by_layout(
     resolution: int,
 ) -> list[CheckpointPlan]:
     """The plans that fit of those made with each layout's own held budget, at no slack and at slacks bisected up
-    to what ``none`` holds (the bound is loose where the checkpointed blocks keep much)."""
+    to the most any transient can be (the bound is loose where the checkpointed blocks keep much)."""
     found = []
-    low, high = 0, profile.none_bytes
+    low, high = 0, max([facts.update, *(max(b.unchecked, b.checkpointed) for b in facts.blocks)])
     for step in range(_STEPS):
         slack = 0 if step == 0 else (low + high + 1) // 2
         try:
