@@ -106,9 +106,9 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "context_parallel",
-        "for an adapter that declares ``context_parallel``, on two gloo ranks per mode (Ulysses, ring) and order of "
-        "setup: training bit-equal to the unchecked parallel run; ``ops`` re-runs no attention kernel and no more "
-        "activation collectives than the unchecked backward",
+        "for an adapter that declares ``context_parallel`` (the models it can run so), on two gloo ranks per mode "
+        "(Ulysses, ring) and order of setup: training bit-equal to the unchecked parallel run; ``ops`` runs no more "
+        "attention kernels and activation collectives in backward than the unchecked backward",
         ("check_context_parallel",),
         "ContextParallelTests",
     ),
