@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ac_core import register_adapter, resolve_blocks
+from ac_core import ModelCase, register_adapter, resolve_blocks
 from ac_core.budget import CheckpointPlan, profile_model
+from ac_core.budget.profile import OpOccurrence
 from ac_core.cli import main
 from ac_core.cli.context_parallel import planned_rank
 from ac_core.registry import unregister_adapter
@@ -25,15 +26,16 @@ ATTENTION = "aten::_scaled_dot_product_flash_attention_for_cpu"
 TOY = ["plan", "toy", "--preset", "toy-wide", "--layers", "1", "--seq", "256"]
 
 
-def _toy(whole: bool) -> object:
+def _toy(whole: bool) -> ModelCase:
     with torch.device("meta"):
         return toy_wide(layers=1, seq=256 if whole else 128)
 
 
-def _block_ops(whole_sequence: bool, mode: str | None) -> list:
-    with planned_rank(TOY_ADAPTER, mode, 2, _toy) as rank:  # type: ignore[arg-type]
-        case = rank.case if whole_sequence or mode else _toy(False)
-        profile = profile_model(resolve_blocks(case.model, TOY_ADAPTER, None), dict(case.inputs))  # type: ignore[attr-defined]
+def _block_ops(mode: str | None) -> list[OpOccurrence]:
+    """The first block's ops as rank 0 runs them under ``mode``, or (None) at one rank's share of the tokens."""
+    with planned_rank(TOY_ADAPTER, mode, 2, _toy) as rank:
+        case = rank.case
+        profile = profile_model(resolve_blocks(case.model, TOY_ADAPTER, None), dict(case.inputs))
     return list(profile.blocks[0][1].forward)
 
 
@@ -41,18 +43,18 @@ def test_a_rank_is_profiled_with_its_all_to_alls_and_attention_over_the_whole_se
     """Rank 0 of Ulysses over 2 (the toy: 16 heads of 64, width 1024, 256 tokens, float32): q, k, v and the output
     each go through one all-to-all of this rank's 128 tokens (512 KiB), and attention runs over all 256 tokens
     with 8 heads: half the unsplit model's FLOPs, twice those of a model built at 128 tokens."""
-    ulysses = _block_ops(True, "ulysses")
+    ulysses = _block_ops("ulysses")
     exchanged = [op for op in ulysses if op.op == ALL_TO_ALL]
     assert [(op.nbytes, op.ranks, op.moves_parameters) for op in exchanged] == [(128 * 1024 * 4, 2, False)] * 4
     attention = next(op for op in ulysses if op.op == ATTENTION)
     assert attention.flops == 4 * 8 * 256 * 256 * 64
-    divided = next(op for op in _block_ops(False, None) if op.op == ATTENTION)
+    divided = next(op for op in _block_ops(None) if op.op == ATTENTION)
     assert attention.flops == 2 * divided.flops
     assert not dist.is_initialized()
 
 
 def test_the_ring_gathers_every_key_and_value_on_each_rank():
-    ring = _block_ops(True, "ring")
+    ring = _block_ops("ring")
     gathered = [op for op in ring if op.op == "_c10d_functional::all_gather_into_tensor"]
     # k and v of this rank's 128 tokens, stacked, from both ranks: 2 x 2 x 128 x 1024 float32.
     assert [(op.nbytes, op.ranks) for op in gathered] == [(2 * 2 * 128 * 1024 * 4, 2)]

@@ -388,12 +388,21 @@ def _kept_by(op: OpOccurrence, kept: frozenset[str]) -> bool:
     return op_matches(op.op, kept) and not op.moves_parameters
 
 
+def _layout_parts(profile: ModelProfile, unchecked: Callable[[int], bool]) -> list[tuple[BlockMode, int]]:
+    """Per block, (mode, bytes held): its ``none`` bytes where ``unchecked(index)``, else checkpointed whole
+    (its routing decision alone kept)."""
+    return [
+        (BlockMode.NONE, p.none_bytes) if unchecked(i) else (BlockMode.FULL, p.routing_bytes)
+        for i, (_, p) in enumerate(profile.blocks)
+    ]
+
+
 def _fixed_parts(profile: ModelProfile, policy: str, kept: frozenset[str]) -> tuple[int, list[tuple[BlockMode, int]]]:
     blocks = [p for _, p in profile.blocks]
     if policy == "none":
-        return profile.none_bytes, [(BlockMode.NONE, p.none_bytes) for p in blocks]
+        return profile.none_bytes, _layout_parts(profile, lambda i: True)
     if policy == "full":
-        parts = [(BlockMode.FULL, p.routing_bytes) for p in blocks]
+        parts = _layout_parts(profile, lambda i: False)
     else:
         parts = [(BlockMode.OPS, sum(op.nbytes for op in p.recomputed if _kept_by(op, kept))) for p in blocks]
     return profile.min_bytes + sum(part for _, part in parts), parts
@@ -476,8 +485,7 @@ def plan_for_step(
     def fits(plan: CheckpointPlan) -> bool:
         return plan_peak(plan, facts, budget).fits
 
-    none_parts = [(BlockMode.NONE, p.none_bytes) for _, p in profile.blocks]
-    none_peak = peak_of(facts, budget, profile.none_bytes, none_parts)
+    none_peak = peak_of(facts, budget, profile.none_bytes, _layout_parts(profile, lambda i: True))
     if none_peak.fits:
         logger.warning(FITS_NONE, human_bytes(budget.nbytes, digits=2), human_bytes(none_peak.total, digits=2))
         return plan_at(profile.none_bytes)
@@ -515,13 +523,9 @@ def _layout_budget(
     """Per set of unchecked blocks, the held bytes that keep the step within ``budget`` whatever the checkpointed
     blocks keep (keeping only lowers backward's transient, and the optimizer's temporaries beyond what is freed
     are at their most where the least is held), plus ``slack``."""
-    blocks = [p for _, p in profile.blocks]
 
     def held(unchecked: frozenset[int]) -> int:
-        parts = [
-            (BlockMode.NONE, p.none_bytes) if i in unchecked else (BlockMode.FULL, p.routing_bytes)
-            for i, p in enumerate(blocks)
-        ]
+        parts = _layout_parts(profile, unchecked.__contains__)
         least = profile.min_bytes + sum(part for _, part in parts)
         return budget.nbytes - (peak_of(facts, budget, least, parts).total - least) + slack
 
