@@ -20,6 +20,7 @@ from .budget import (
     plan_from_profile,
     profile_model,
 )
+from .budget.checkpoint_plan import COMPILE_OUTSIDE
 from .budget.devices import Device
 from .budget.planner import DeviceLike, named_containers, resolve_device
 from .budget.roofline import op_time
@@ -117,6 +118,16 @@ def frontier_fractions(points: int) -> tuple[float, ...]:
     return tuple(round(0.1 + 0.8 * i / (points - 1), 6) for i in range(points))
 
 
+# The compiled layouts a frontier fits plans in (CheckpointPlan's compile_outside, compile_free and
+# compile_block_inputs): the code outside the blocks held or recomputed whole, and either the block inputs held
+# with the ops without FLOPs at fewest bytes or by torch's rules, or the block inputs recomputable too (at fewest
+# bytes: torch's rules spend bytes for time, recomputable inputs spend FLOPs for bytes).
+_LAYOUTS = tuple(
+    (outside, free, inputs)
+    for outside in COMPILE_OUTSIDE
+    for free, inputs in (("fewest_bytes", "held"), ("torch_rules", "held"), ("fewest_bytes", "recomputable"))
+)
+
 # Budgets tried per point to land ac-core's compiled bytes within torch's (see _Fitter.fit): a grid, then halvings
 # of the gap after the best, down to _CLOSE bytes.
 _GRID = 6
@@ -127,19 +138,24 @@ _CLOSE = 2**16
 @dataclass(frozen=True)
 class FrontierPoint:
     """One point of both frontiers: torch's ``activation_memory_budget`` at ``fraction`` (measured: ``torch``), and
-    ac-core's plan at the bytes torch saved there (``plan``, measured: ``ours``, within those bytes), or None with
-    the reason in ``refused``; ``outside_recomputed``: whether ac-core's step recomputes the code outside the blocks
-    whole (see :class:`~ac_core.GraphDecisions`) rather than holding its matmuls' outputs. With a device,
-    ``torch_seconds`` and ``ours_seconds`` are the roofline's predicted seconds of what each backward recomputes."""
+    ac-core's plan at the bytes torch saved there (``plan``, measured: ``ours``, within those bytes, as
+    ``ac_core.compile(model, plan)`` compiles it: the plan carries its layout), or None with the reason in
+    ``refused``. With a device, ``torch_seconds`` and ``ours_seconds`` are the roofline's predicted seconds of what
+    each backward recomputes."""
 
     fraction: float
     torch: CompiledActivations
     plan: CheckpointPlan | None = None
     ours: CompiledActivations | None = None
     refused: str | None = None
-    outside_recomputed: bool = False
     torch_seconds: float | None = None
     ours_seconds: float | None = None
+
+    @property
+    def outside_recomputed(self) -> bool:
+        """Whether ac-core's step recomputes the code outside the blocks whole (the plan's ``compile_outside``)
+        rather than holding its matmuls' outputs."""
+        return self.plan is not None and self.plan.compile_outside == "recomputed"
 
     @property
     def flops_ratio(self) -> float | None:
@@ -198,7 +214,7 @@ class _Fitter:
         self.measure_plan = measure
         self.device = device
         self.seen: dict[tuple, CompiledActivations] = {}
-        least = plan(profile, profile.min_bytes + profile.routing_bytes)
+        least = self.least_plan = plan(profile, profile.min_bytes + profile.routing_bytes)
         self.least = self.measure(least)
         # What the route saves beyond the eager profile's prediction once every block is recomputed: block inputs
         # and the code outside the blocks, which the partitioner lays out its own way.
@@ -226,8 +242,8 @@ class _Fitter:
         if target < self.least.saved_bytes:
             return (
                 f"torch saves {human_bytes(target, digits=2)} here, less than ac-core's least plan saves on this "
-                f"route ({human_bytes(self.least.saved_bytes, digits=2)}: every block recomputed whole, each block's "
-                "inputs and the matmuls, convolutions and attention outside the blocks saved)"
+                f"route ({human_bytes(self.least.saved_bytes, digits=2)}: every block recomputed whole, "
+                f"{_least_holds(self.least_plan)})"
             )
         tried: dict[int, CompiledActivations] = {}
         best: tuple[tuple[float, int], int, CheckpointPlan, CompiledActivations] | None = None
@@ -260,6 +276,14 @@ class _Fitter:
         return best[2], best[3]
 
 
+def _least_holds(plan: CheckpointPlan) -> str:
+    """What a plan recomputing every block whole still saves, in words, by its compiled layout."""
+    held = ["each block's inputs"] if plan.compile_block_inputs == "held" else []
+    if plan.compile_outside == "held":
+        held.append("the matmuls, convolutions and attention outside the blocks")
+    return f"{' and '.join(held)} saved" if held else "what backward needs saved at the partitioner's fewest bytes"
+
+
 def compare_frontier(
     make_case: Callable[[], ModelCase],
     fractions: Sequence[float],
@@ -274,13 +298,15 @@ def compare_frontier(
 
     One profile serves every plan and, on ``aot_eager``, one captured step every measurement (see
     :func:`~ac_core.measure.captured.route_measurer`). ac-core's plans count what the compiled step saves (what
-    recomputes without FLOPs left to the partitioner, see :class:`~ac_core.GraphDecisions`), with the code outside
-    the blocks held (its matmuls, convolutions, attention) or recomputed whole: the profile's fixed part (block
-    inputs, the code outside the blocks) is what the compiled least plan saves either way, every block recomputed.
-    Each point's plans are made at budgets from torch's bytes up (at most a dozen per way, see ``_Fitter.fit``),
-    and the least recompute whose compiled step saves no more than torch's is kept. With ``device`` (a name such
-    as ``"h100"``, or a :class:`~ac_core.budget.devices.Device`), plans minimise the roofline's predicted recompute
-    seconds there (``cost="time"``) and both sides' recomputes are priced on it; else FLOPs.
+    recomputes without FLOPs left to the partitioner, see :class:`~ac_core.GraphDecisions`), in six of the
+    plan's compiled layouts (see ``_LAYOUTS``): the code outside the blocks held or recomputed whole; the ops
+    without FLOPs at fewest bytes or by torch's rules; the block inputs held or recomputable. Per layout, the
+    profile's fixed part (block inputs, the code outside the blocks) is what its compiled least plan saves, every
+    block recomputed. Each point's plans are made at budgets from torch's bytes up (at most a dozen per layout,
+    see ``_Fitter.fit``), and the least recompute whose compiled step saves no more than torch's is kept, with
+    its layout. With ``device`` (a name such as ``"h100"``, or a :class:`~ac_core.budget.devices.Device`), plans
+    minimise the roofline's predicted recompute seconds there (``cost="time"``) and both sides' recomputes are
+    priced on it; else FLOPs.
     """
     case = make_case()
     resolved = resolve_blocks(case.model, adapter, blocks)
@@ -291,36 +317,39 @@ def compare_frontier(
     request = GraphRequest(case.model, adapter, blocks)
     measure = route_measurer(make_case, adapter=adapter, blocks=blocks, backend=backend)
 
-    def plan(model_profile: ModelProfile, budget: int) -> CheckpointPlan:
-        return plan_from_profile(model_profile, budget, containers=containers, cost=cost, device=where, quiet=True)
+    def planner(layout: tuple[str, str, str]) -> Callable[[ModelProfile, int], CheckpointPlan]:
+        outside, free, inputs = layout
 
-    def measurer(outside: bool) -> Callable[[CheckpointPlan], CompiledActivations]:
-        def planned(p: CheckpointPlan) -> CompiledActivations:
-            return measure(dataclasses.replace(graph_decisions(p, request), recompute_outside=outside))
+        def plan(model_profile: ModelProfile, budget: int) -> CheckpointPlan:
+            made = plan_from_profile(model_profile, budget, containers=containers, cost=cost, device=where, quiet=True)
+            return dataclasses.replace(made, compile_outside=outside, compile_free=free, compile_block_inputs=inputs)
 
-        return planned
+        return plan
 
-    fitters = {outside: _Fitter(profile, plan, measurer(outside), where) for outside in (False, True)}
+    def planned(p: CheckpointPlan) -> CompiledActivations:
+        return measure(graph_decisions(p, request))
+
+    layouts = list(_LAYOUTS)
+    fitters = {layout: _Fitter(profile, planner(layout), planned, where) for layout in layouts}
     points = []
     for fraction in fractions:
         theirs = measure(GraphDecisions(torch_budget=fraction))
-        fits = {outside: fitter.fit(theirs.saved_bytes) for outside, fitter in fitters.items()}
-        found = {o: f for o, f in fits.items() if not isinstance(f, str)}
+        fits = {layout: fitter.fit(theirs.saved_bytes) for layout, fitter in fitters.items()}
+        found = [f for f in fits.values() if not isinstance(f, str)]
         if not found:
+            tightest = min(layouts, key=lambda layout: fitters[layout].least.saved_bytes)  # why the least can't
             points.append(
-                FrontierPoint(fraction, theirs, refused=str(fits[True]), torch_seconds=_seconds(theirs, where))
+                FrontierPoint(fraction, theirs, refused=str(fits[tightest]), torch_seconds=_seconds(theirs, where))
             )
             continue
-        outside, (chosen, ours) = min(
-            found.items(), key=lambda item: (fitters[item[0]].cost(item[1][1]), item[1][1].saved_bytes, item[0])
-        )
+        # Least recompute, then fewest bytes; ties go to the first layout (the default one).
+        chosen, ours = min(found, key=lambda fit: (fitters[layouts[0]].cost(fit[1]), fit[1].saved_bytes))
         points.append(
             FrontierPoint(
                 fraction,
                 theirs,
                 plan=chosen,
                 ours=ours,
-                outside_recomputed=outside,
                 torch_seconds=_seconds(theirs, where),
                 ours_seconds=_seconds(ours, where),
             )

@@ -157,8 +157,8 @@ def test_json_round_trip_table_and_format_1(toy):
     for block in data["blocks"]:
         del block["offload"], block["host_bytes"]
     assert CheckpointPlan.from_json(json.dumps({**data, "format": 1})) == plain
-    with pytest.raises(ValueError, match="format 1 to 3"):
-        CheckpointPlan.from_json(json.dumps({**data, "format": 4}))
+    with pytest.raises(ValueError, match="format 1 to 4"):
+        CheckpointPlan.from_json(json.dumps({**data, "format": 5}))
 
 
 def test_budget_config_plans_and_applies_offload_and_removal_takes_it_off(toy):

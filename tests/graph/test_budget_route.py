@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 
@@ -174,3 +175,48 @@ def test_the_compiled_model_refuses_inputs_of_other_shapes():
     longer = toy_case(tokens=64)
     with pytest.raises(ValueError, match=r"made for inputs \(x: \[2, 32, 64\] float32\) and got \(0: \[2, 64, 64\]"):
         model(longer.inputs["x"])
+
+
+@pytest.mark.parametrize(
+    ("outside", "free", "inputs"),
+    [("held", "torch_rules", "held"), ("recomputed", "fewest_bytes", "held"), ("held", "fewest_bytes", "recomputable")],
+)
+def test_a_plans_compiled_layout_reaches_the_pass_and_trains_like_eager(outside, free, inputs):
+    case, plan = _plan(0.5)
+    laid = dataclasses.replace(plan, compile_outside=outside, compile_free=free, compile_block_inputs=inputs)
+    assert ac_core.CheckpointPlan.from_json(laid.to_json()) == laid
+    default = compiled_activations(toy_case(), sac=True, policy=plan, blocks=BLOCKS)
+    measured = compiled_activations(toy_case(), sac=True, policy=laid, blocks=BLOCKS)
+    norms = ["aten::native_layer_norm"]
+    assert default.recomputes(norms) > 0  # at fewest bytes the partitioner recomputes the blocks' norms
+    if free == "torch_rules":
+        assert measured.recomputes(norms) == 0  # torch's rules save a norm
+        assert measured.saved_bytes > default.saved_bytes
+    else:  # the embedding outside the blocks, or the previous block's ops: more FLOPs for fewer bytes
+        assert measured.recompute_flops > default.recompute_flops
+        assert measured.saved_bytes < default.saved_bytes
+    expected = loss_and_grads(toy_case())
+    case = toy_case()
+    case.model = ac_core.compile(case.model, laid, blocks=BLOCKS, backend="aot_eager")
+    assert_same_training(loss_and_grads(case), expected)
+
+
+def test_a_plans_layout_is_one_of_the_named_ones_and_keys_inductors_cache():
+    _, plan = _plan(0.5)
+    with pytest.raises(ValueError, match="compile_free='torch': choose one of 'fewest_bytes', 'torch_rules'"):
+        dataclasses.replace(plan, compile_free="torch")
+    with pytest.raises(ValueError, match="compile_outside='none': choose one of 'held', 'recomputed'"):
+        dataclasses.replace(plan, compile_outside="none")
+    with pytest.raises(ValueError, match="compile_block_inputs='free': choose one of 'held', 'recomputable'"):
+        dataclasses.replace(plan, compile_block_inputs="free")
+    decisions = [BlockDecision(b.path, b.mode, keep=b.keep) for b in plan.blocks]
+    uuids = {
+        ac_core.GraphRoute(
+            decisions=tuple(decisions), recompute_free=True, free_by_torch=free, recompute_block_inputs=r
+        )
+        .inductor_options()["custom_partitioner_fn"]
+        .uuid()
+        for free in (False, True)
+        for r in (False, True)
+    }
+    assert len(uuids) == 4

@@ -18,7 +18,11 @@ from .plan_table import plan_table
 from .profile import Signature
 from .step_budget import StepBudget
 
-_FORMAT = 3  # 2: offload; 3: the containers of a plan made with blocks=; earlier files still load
+_FORMAT = 4  # 2: offload; 3: the containers of a plan made with blocks=; 4: its compiled layout; earlier files load
+# How ac_core.compile lays a plan out (see CheckpointPlan): the code outside the blocks, and the ops without FLOPs.
+COMPILE_OUTSIDE = ("held", "recomputed")
+COMPILE_FREE = ("fewest_bytes", "torch_rules")
+COMPILE_BLOCK_INPUTS = ("held", "recomputable")
 # What a plan records of its offload settings (OffloadConfig fields); the rest are fixed (see .offload_cost.recorded).
 _OFFLOAD_SETTINGS = ("min_bytes", "max_host_fraction", "max_inflight_bytes", "prefetch_bytes")
 
@@ -62,6 +66,16 @@ class CheckpointPlan(PolicyConfig):
     ``cost``: what the knapsack minimised (``"time"`` or ``"flops"``); ``device``: the device name its seconds
     are predicted on (None: none known); ``none_seconds``: the predicted forward and backward time of the blocks
     unchecked (see :func:`~ac_core.budget.solve.none_step_seconds`).
+
+    On :func:`ac_core.compile`'s graph route (the eager route has no partitioner to tell): ``compile_outside``,
+    whether the code outside the blocks keeps its matmuls, convolutions and attention (``"held"``) or is recomputed
+    whole (``"recomputed"``); ``compile_free``, who decides the ops without FLOPs in the blocks the plan keeps ops
+    of and outside them: the partitioner's fewest bytes (``"fewest_bytes"``), or torch's own recompute rules
+    (``"torch_rules"``: pointwise ops recomputed, norms and copies saved; more bytes, less time);
+    ``compile_block_inputs``, whether each block's inputs are held as eager checkpointing holds them (``"held"``)
+    or the partitioner's to save or recompute (``"recomputable"``: a block's recompute may run the previous
+    block's matmuls; fewer bytes, more FLOPs). ``ac-core compare --frontier`` picks them per point; see
+    :class:`~ac_core.GraphDecisions`.
     """
 
     model_class: str = ""
@@ -79,6 +93,9 @@ class CheckpointPlan(PolicyConfig):
     device: str | None = None
     none_seconds: float | None = None
     step_budget: StepBudget | None = None  # planned for a whole step's peak (see ac_core.predict_step)
+    compile_outside: str = "held"
+    compile_free: str = "fewest_bytes"
+    compile_block_inputs: str = "held"
     name: ClassVar[str] = "plan"
 
     def __post_init__(self) -> None:
@@ -87,6 +104,13 @@ class CheckpointPlan(PolicyConfig):
                 "a CheckpointPlan is made by ac_core.plan_activation_checkpointing(model, example_inputs, budget) "
                 "or loaded with CheckpointPlan.from_json; to plan and apply at once use ac_core.Budget(...)"
             )
+        for field, value, allowed in (
+            ("compile_outside", self.compile_outside, COMPILE_OUTSIDE),
+            ("compile_free", self.compile_free, COMPILE_FREE),
+            ("compile_block_inputs", self.compile_block_inputs, COMPILE_BLOCK_INPUTS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{field}={value!r}: choose one of {', '.join(map(repr, allowed))}")
         for block in self.blocks:
             if block.retain:
                 raise ValueError(f"block {block.path!r}: a plan keeps op occurrences (keep=), not op names (retain=)")
@@ -186,6 +210,9 @@ class CheckpointPlan(PolicyConfig):
                 "device": self.device,
                 "none_seconds": self.none_seconds,
                 "step_budget": None if self.step_budget is None else self.step_budget.to_dict(),
+                "compile_outside": self.compile_outside,
+                "compile_free": self.compile_free,
+                "compile_block_inputs": self.compile_block_inputs,
                 "blocks": [
                     {
                         "path": b.path,
@@ -209,7 +236,7 @@ class CheckpointPlan(PolicyConfig):
     @classmethod
     def from_json(cls, text: str) -> CheckpointPlan:
         """A plan written by :meth:`to_json`, of this format or an earlier one (1: before offload, 2: before
-        containers)."""
+        containers, 3: before the compiled layout)."""
         data = json.loads(text)
         if data.get("format") not in range(1, _FORMAT + 1):
             raise ValueError(f"not a checkpoint plan of format 1 to {_FORMAT}: format {data.get('format')!r}")
@@ -246,6 +273,9 @@ class CheckpointPlan(PolicyConfig):
             device=data.get("device"),
             none_seconds=data.get("none_seconds"),
             step_budget=None if data.get("step_budget") is None else StepBudget.from_dict(data["step_budget"]),
+            compile_outside=data.get("compile_outside", "held"),
+            compile_free=data.get("compile_free", "fewest_bytes"),
+            compile_block_inputs=data.get("compile_block_inputs", "held"),
         )
         if data.get("fingerprint") not in (None, plan.fingerprint):
             raise ValueError("checkpoint plan JSON was edited: its fingerprint does not match its contents")

@@ -52,9 +52,14 @@ def plan_decisions(plan: CheckpointPlan, request: GraphRequest) -> GraphDecision
     refuse_offload(any(b.offload for b in plan.blocks))
     plan.check_fits(request.blocks())
     # A budget counts bytes held: what recomputes without FLOPs (a final norm, a residual summed from kept outputs)
-    # is better recomputed than held, which leaves those bytes to the blocks.
+    # is better recomputed than held, which leaves those bytes to the blocks; the plan's layout says how.
     return GraphDecisions(
-        blocks=plan.blocks, recompute_free=True, on_compiled=functools.partial(refuse_other_inputs, plan=plan)
+        blocks=plan.blocks,
+        recompute_free=True,
+        recompute_outside=plan.compile_outside == "recomputed",
+        free_by_torch=plan.compile_free == "torch_rules",
+        recompute_block_inputs=plan.compile_block_inputs == "recomputable",
+        on_compiled=functools.partial(refuse_other_inputs, plan=plan),
     )
 
 

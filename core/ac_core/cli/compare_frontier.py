@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..budget import CheckpointPlan
 from ..experiments import Frontier, FrontierPoint, frontier_fractions
 from ..measure import CompiledActivations
 
@@ -37,7 +38,8 @@ def _cell(value: float | None, spec: str) -> str:
 
 def format_frontier(frontier: Frontier, title: str) -> str:
     """Per point: torch's fraction, what each side saves (MiB) and recomputes (GFLOP, and predicted ms with a
-    device), and ac-core over torch; then the points where no plan fits, with why."""
+    device), and ac-core over torch; then the points where no plan fits, with why, and those whose plan compiles
+    in another layout than the default."""
     timed = frontier.device is not None
     how = f"time on {frontier.device}" if timed else "FLOPs"
     least = f"{frontier.least_bytes / _MiB:.2f} MiB"
@@ -66,7 +68,22 @@ def format_frontier(frontier: Frontier, title: str) -> str:
             row += f" {_cell(torch_ms, '.3f'):>9} {_cell(ours_ms, '.3f'):>10} {_cell(p.seconds_ratio, '.3f'):>6}"
         lines.append(row)
     lines += [f"budget {p.fraction:g}: no ac-core plan: {p.refused}" for p in frontier.points if p.refused]
+    lines += [
+        f"budget {p.fraction:g}: ac-core's plan compiles {_layout(p.plan)}"
+        for p in frontier.points
+        if p.plan is not None
+        and (p.plan.compile_outside, p.plan.compile_free, p.plan.compile_block_inputs)
+        != ("held", "fewest_bytes", "held")
+    ]
     return "\n".join(lines)
+
+
+def _layout(plan: CheckpointPlan) -> str:
+    """A plan's compiled layout in words (see :class:`~ac_core.budget.CheckpointPlan`)."""
+    outside = "recomputed whole" if plan.compile_outside == "recomputed" else "held"
+    free = "by torch's rules" if plan.compile_free == "torch_rules" else "at fewest bytes"
+    inputs = "recomputable" if plan.compile_block_inputs == "recomputable" else "held"
+    return f"with the code outside the blocks {outside}, the ops without FLOPs {free}, the block inputs {inputs}"
 
 
 def _measured(m: CompiledActivations | None, seconds: float | None) -> dict[str, Any] | None:
@@ -88,6 +105,9 @@ def _point(p: FrontierPoint) -> dict[str, Any]:
             "budget_bytes": p.plan.budget_bytes,
             "held_bytes": p.plan.held_bytes,
             "recompute_flops": p.plan.recompute_flops,
+            "compile_outside": p.plan.compile_outside,
+            "compile_free": p.plan.compile_free,
+            "compile_block_inputs": p.plan.compile_block_inputs,
             "blocks": [{"path": b.path, "mode": b.mode.value, "keep": b.keep} for b in p.plan.blocks],
         }
     return {

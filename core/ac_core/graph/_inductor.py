@@ -5,6 +5,7 @@ Imported only by :func:`ac_core.compile`: importing inductor's pass types costs 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ from torch import fx
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from ..policies import BlockDecision
+from .free_by_torch import torch_rules
 from .partition import budget_partition
 from .sac import apply_sac_pass
 from .save_ops import op_name
@@ -61,6 +63,8 @@ class SACPartitioner(CustomPartitionerFn):
         recompute_outside: bool = False,
         activation_collectives: frozenset[str] = frozenset(),
         inner: CustomPartitionerFn | None = None,
+        free_by_torch: bool = False,
+        recompute_block_inputs: bool = False,
     ) -> None:
         self.retain = retain
         self.blocks = blocks
@@ -68,6 +72,8 @@ class SACPartitioner(CustomPartitionerFn):
         self.decisions = decisions
         self.recompute_free = recompute_free
         self.recompute_outside = recompute_outside
+        self.free_by_torch = free_by_torch
+        self.recompute_block_inputs = recompute_block_inputs
         self.activation_collectives = activation_collectives
         self.inner = inner
 
@@ -83,11 +89,14 @@ class SACPartitioner(CustomPartitionerFn):
             replay_rng=_replays_rng(gm.graph),
             recompute_free=self.recompute_free,
             recompute_outside=self.recompute_outside,
+            free_by_torch=self.free_by_torch,
+            recompute_block_inputs=self.recompute_block_inputs,
             activation_collectives=self.activation_collectives,
             static_inputs=kwargs.get("static_lifetime_input_indices"),
         )
         partition = self.inner if self.inner is not None else min_cut_rematerialization_partition
-        return partition(gm, joint_inputs, **kwargs)
+        with torch_rules() if self.free_by_torch else contextlib.nullcontext():
+            return partition(gm, joint_inputs, **kwargs)
 
     def uuid(self) -> str | None:
         inner = None if self.inner is None else self.inner.uuid()
@@ -104,7 +113,8 @@ class SACPartitioner(CustomPartitionerFn):
             if self.decisions is None
             else [(d.path, d.mode.value, d.keep, sorted(d.retain)) for d in self.decisions]
         )
-        digest.update(repr((decisions, self.recompute_free, self.recompute_outside)).encode())
+        layout = (self.recompute_free, self.recompute_outside, self.free_by_torch, self.recompute_block_inputs)
+        digest.update(repr((decisions, layout)).encode())
         digest.update(repr((sorted(self.activation_collectives), inner)).encode())
         return digest.hexdigest()
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import fx
 
 from ..policies import BlockDecision
+from .free_by_torch import torch_rules
 from .sac import apply_sac_pass
 
 PartitionFn = Callable[..., tuple[fx.GraphModule, fx.GraphModule]]
@@ -24,12 +26,15 @@ def sac_partition(
     decisions: Sequence[BlockDecision] | None = None,
     recompute_free: bool = False,
     recompute_outside: bool = False,
+    free_by_torch: bool = False,
+    recompute_block_inputs: bool = False,
     activation_collectives: frozenset[str] = frozenset(),
     **kwargs: Any,
 ) -> tuple[fx.GraphModule, fx.GraphModule]:
     """A ``partition_fn`` for ``aot_autograd``: :func:`apply_sac_pass`, then ``partition`` (min-cut by default).
     AOTAutograd's ``static_lifetime_input_indices`` (the parameters and buffers) tell the pass which collectives
-    move parameters, and go on to the partitioner."""
+    move parameters, and go on to the partitioner; ``free_by_torch``: the ops left untagged are partitioned under
+    :func:`~ac_core.graph.free_by_torch.torch_rules`."""
     if partition is None:
         from torch._functorch.partitioners import min_cut_rematerialization_partition as partition
     apply_sac_pass(
@@ -40,10 +45,13 @@ def sac_partition(
         decisions=decisions,
         recompute_free=recompute_free,
         recompute_outside=recompute_outside,
+        free_by_torch=free_by_torch,
+        recompute_block_inputs=recompute_block_inputs,
         activation_collectives=activation_collectives,
         static_inputs=kwargs.get("static_lifetime_input_indices"),
     )
-    return partition(gm, joint_inputs, **kwargs)
+    with torch_rules() if free_by_torch else contextlib.nullcontext():
+        return partition(gm, joint_inputs, **kwargs)
 
 
 def budget_partition(

@@ -22,7 +22,9 @@ class GraphRoute:
     pass follows instead of ``retain``. ``memory_budget``: no pass; torch's partitioner solves
     ``activation_memory_budget`` (a fraction) instead. ``recompute_free``: what costs no FLOPs to recompute
     (outside the blocks, block inputs summed from kept outputs) is left to the partitioner rather than saved (see
-    :func:`~ac_core.apply_sac_pass`); ``recompute_outside`` with it: nothing outside the blocks is held.
+    :func:`~ac_core.apply_sac_pass`); ``recompute_outside`` with it: nothing outside the blocks is held;
+    ``free_by_torch`` with it: the ops without FLOPs in ``ops`` blocks and outside them are torch's to decide;
+    ``recompute_block_inputs`` with it: values crossing a block boundary are the partitioner's to save or recompute.
     ``activation_collectives``: collectives whose outputs are saved where they move activations.
     :func:`~ac_core.prepare_graph_route` makes one from a
     model, :meth:`following` applies a policy's :class:`~ac_core.GraphDecisions`; :func:`ac_core.compile` and
@@ -37,6 +39,8 @@ class GraphRoute:
     recompute_free: bool = False
     recompute_outside: bool = False
     activation_collectives: frozenset[str] = frozenset()
+    free_by_torch: bool = False
+    recompute_block_inputs: bool = False
 
     def __post_init__(self) -> None:
         OpSet(self.retain)  # reject a malformed op
@@ -55,6 +59,8 @@ class GraphRoute:
             recompute_free=decisions.recompute_free,
             recompute_outside=decisions.recompute_outside,
             activation_collectives=decisions.activation_collectives,
+            free_by_torch=decisions.free_by_torch,
+            recompute_block_inputs=decisions.recompute_block_inputs,
         )
 
     def partition_fn(self) -> PartitionFn:
@@ -69,6 +75,8 @@ class GraphRoute:
             decisions=self.decisions,
             recompute_free=self.recompute_free,
             recompute_outside=self.recompute_outside,
+            free_by_torch=self.free_by_torch,
+            recompute_block_inputs=self.recompute_block_inputs,
             activation_collectives=self.activation_collectives,
         )
 
@@ -101,5 +109,7 @@ class GraphRoute:
             self.recompute_outside,
             self.activation_collectives,
             inner=merged.get("custom_partitioner_fn"),
+            free_by_torch=self.free_by_torch,
+            recompute_block_inputs=self.recompute_block_inputs,
         )
         return merged

@@ -14,6 +14,7 @@ from ..policies import BlockDecision, BlockMode
 from .alternate_matmuls import alternate_matmuls
 from .blocks import block_regions
 from .forward_part import forward_ops
+from .free_by_torch import leave_free_to_torch
 from .keep_planned import decision_of, keep_planned
 from .save_block_outputs import save_block_outputs
 from .save_collectives import save_activation_collectives
@@ -35,6 +36,8 @@ def apply_sac_pass(
     replay_rng: bool = True,
     recompute_free: bool = False,
     recompute_outside: bool = False,
+    free_by_torch: bool = False,
+    recompute_block_inputs: bool = False,
     activation_collectives: Iterable[str] = (),
     static_inputs: Collection[int] | None = None,
     op_list_to_save: Any = UNSET,
@@ -69,7 +72,13 @@ def apply_sac_pass(
     kept outputs); the partitioner keeps them or recomputes them, whichever holds fewer bytes, and no block's
     recompute runs another block's matmuls. ``recompute_outside=True`` with it holds nothing outside the blocks:
     what backward needs there is recomputed, matmuls and convolutions included (a patch embedding, from the
-    batch). ``activation_collectives``: names of collectives whose outputs are saved where they move activations
+    batch). ``free_by_torch=True`` with it and ``decisions``: the ops without FLOPs in ``ops`` blocks and outside
+    the blocks are left untagged, kept by the plan or not, for torch's partitioner to decide by its own rules (see
+    ``free_by_torch.py``; partition under :func:`~ac_core.graph.free_by_torch.torch_rules`).
+    ``recompute_block_inputs=True`` with it: values crossing a block boundary are not saved as such; the
+    partitioner saves or recomputes them as any other, so a block's recompute may run the previous block's ops,
+    matmuls included (fewer bytes than any per-block checkpointing holds, at more FLOPs).
+    ``activation_collectives``: names of collectives whose outputs are saved where they move activations
     (Ulysses' all-to-alls), in every block, or with ``decisions`` in the blocks whose decision retains them;
     ``static_inputs``: the primal indices of the parameters and buffers (AOTAutograd's
     ``static_lifetime_input_indices``), which tell a parameter's collective apart; without them no collective is
@@ -79,6 +88,10 @@ def apply_sac_pass(
         raise ValueError("recompute_outside=True goes with recompute_free=True (a memory budget's plan)")
     retain = renamed("apply_sac_pass", "op_list_to_save", "retain", op_list_to_save, retain, None)
     decisions = renamed("apply_sac_pass", "plan", "decisions", plan, decisions, None)
+    if recompute_block_inputs and not recompute_free:
+        raise ValueError("recompute_block_inputs=True goes with recompute_free=True (a memory budget's plan)")
+    if free_by_torch and (not recompute_free or decisions is None):
+        raise ValueError("free_by_torch=True goes with recompute_free=True and decisions= (a memory budget's plan)")
     save = OpSet(DEFAULT_SAC_SAVE_OPS if retain is None else retain)
     if isinstance(blocks, str):
         raise TypeError(f"blocks takes a collection of block FQNs, e.g. [{blocks!r}]")
@@ -97,9 +110,11 @@ def apply_sac_pass(
                 missing,
             )
         in_save_set, matmuls, matmuls_saved = kept, 0, 0
+        untagged = leave_free_to_torch(graph, named, decisions) if free_by_torch else 0
     else:
         in_save_set = tag_save_set(graph, save)
         matmuls, matmuls_saved = alternate_matmuls(graph)
+        untagged = 0
     # Block boundaries last: a value made again from saved ones by ops without FLOPs needs the others' tags.
     keep = "none" if recompute_outside else "costly" if recompute_free else "all"
     outside = save_outside_blocks(
@@ -109,11 +124,16 @@ def apply_sac_pass(
         graph, _kept_collectives(graph, named, decisions, frozenset(activation_collectives)), static_inputs
     )
     random_ops = save_rng(graph, replay=replay_rng)
-    boundaries = save_block_outputs(graph, named, derive=recompute_free, outside=recompute_outside)
+    boundaries = (
+        0
+        if recompute_block_inputs
+        else save_block_outputs(graph, named, derive=recompute_free, outside=recompute_outside)
+    )
     gm.recompile()
     logger.info(
         "ac-core: graph SAC pass saved %d ops of the save set, %d of %d matmuls, %d block outputs, "
-        "%d ops outside blocks (%s), %d activation collectives, %d more random ops",
+        "%d ops outside blocks (%s), %d activation collectives, %d more random ops; %d ops without FLOPs left to "
+        "torch's rules",
         in_save_set,
         matmuls_saved,
         matmuls,
@@ -122,6 +142,7 @@ def apply_sac_pass(
         keep,
         collectives,
         random_ops,
+        untagged,
     )
     return gm
 

@@ -14,7 +14,7 @@ from .forward_part import forward_ops
 from .save_outside_blocks import costs_flops
 
 
-def _free(node: fx.Node) -> bool:
+def free_to_recompute(node: fx.Node) -> bool:
     """Whether recomputing ``node`` runs no matmul, convolution or attention and draws no random numbers."""
     if node.op != "call_function":
         return False
@@ -55,7 +55,7 @@ def save_block_outputs(
     tagged = 0
     for node in nodes:
         sources = (derivable.get(i, i.op != "call_function") for i in node.all_input_nodes)
-        recomputable = _free(node) or (
+        recomputable = free_to_recompute(node) or (
             outside
             and regions[node] is None
             and node.op == "call_function"

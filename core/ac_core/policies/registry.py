@@ -110,7 +110,12 @@ class GraphDecisions:
     convolutions and attention; block inputs summed from kept outputs) is left to the partitioner (True: a memory
     budget's plan, which counts what the compiled step saves) rather than saved (False); ``recompute_outside`` with
     it: nothing outside the blocks is held, the partitioner recomputes there what backward needs, matmuls
-    included (cheaper than holding it where a budget is tight: a patch embedding recomputed from the batch).
+    included (cheaper than holding it where a budget is tight: a patch embedding recomputed from the batch);
+    ``free_by_torch`` with it: the ops without FLOPs in ``ops`` blocks and outside the blocks carry no tag, kept or
+    not, and torch's partitioner recomputes or saves them by its own rules (pointwise ops and views recomputed;
+    norms, reductions, concatenations and copies saved), which costs bytes and spares time;
+    ``recompute_block_inputs`` with it: values crossing a block boundary are not held as such, and the partitioner
+    may recompute the previous block's ops, matmuls included, to make them (fewer bytes, more FLOPs).
     ``activation_collectives``: names of collectives (``"_c10d_functional::all_to_all_single"``) whose outputs the
     pass saves in every block where they move no parameter (told apart by what they move, as in eager); a block
     decision keeps those its ``retain`` names the same way. ``on_compiled``: run on the compiled module (a plan
@@ -123,6 +128,8 @@ class GraphDecisions:
     recompute_free: bool = False
     recompute_outside: bool = False
     activation_collectives: frozenset[str] = frozenset()
+    free_by_torch: bool = False
+    recompute_block_inputs: bool = False
     on_compiled: Callable[[nn.Module], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -132,6 +139,10 @@ class GraphDecisions:
             raise ValueError("per-block decisions say what each block keeps; retain= is for decisions by op")
         if self.recompute_outside and not self.recompute_free:
             raise ValueError("recompute_outside=True goes with recompute_free=True (a memory budget's plan)")
+        if self.recompute_block_inputs and not self.recompute_free:
+            raise ValueError("recompute_block_inputs=True goes with recompute_free=True (a memory budget's plan)")
+        if self.free_by_torch and (not self.recompute_free or self.blocks is None):
+            raise ValueError("free_by_torch=True goes with recompute_free=True and per-block decisions (a plan's)")
 
 
 C = TypeVar("C", bound=PolicyConfig)
