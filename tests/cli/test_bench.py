@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import platform
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ import torch
 
 from ac_core import register_adapter, registered_adapters
 from ac_core.cli import main
+from ac_core.cli.allocator import KEEP_FREED, allocator_note
 from ac_core.cli.report import HOST_RATIO, HOST_STEP
 from ac_core.cli.rows import ROW_FIELDS, row_names, variants
 from ac_core.cli.runner import Settings, model_rows
@@ -326,3 +328,17 @@ def test_the_main_job_prints_no_library_notice(tmp_path):
 def test_offload_flag_is_validated():
     with pytest.raises(SystemExit):
         main(["bench", "--adapter", "toy", "--offload", "0"])
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's allocator only")
+@pytest.mark.parametrize("tunables", [None, KEEP_FREED])
+def test_a_real_width_cpu_run_says_when_glibc_gives_freed_memory_back(tmp_path, capsys, monkeypatch, tunables):
+    if tunables is None:
+        monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    else:
+        monkeypatch.setenv("GLIBC_TUNABLES", tunables)
+    code, data = _bench(tmp_path, "--adapter", "toy", "--preset", "toy-wide", "--layers", "1", "--seq", "64")
+    out = capsys.readouterr().out
+    assert code == 0 and data["environment"]["glibc_tunables"] == tunables
+    assert (f"GLIBC_TUNABLES={KEEP_FREED}" in out) == (tunables is None)
+    assert allocator_note(torch.device("meta")) is None  # only a CPU's steps pay glibc's page faults

@@ -7,6 +7,7 @@ how rows are measured, :mod:`.report` how they are shown.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from ..policies import BlockSkip, Full
 from ..spec import AdapterSpec, ModelSpec
 from ._common import (
     DTYPES,
+    TINY,
     CLIError,
     add_size_arguments,
     check_outputs,
@@ -36,6 +38,7 @@ from ._common import (
     stderr,
     stdout,
 )
+from .allocator import allocator_note
 from .plan import budget_value, memory_value
 from .rows import BUDGET, CLOCKS, LIBRARY, NONE, STEP, Row, row_names, variants
 
@@ -191,9 +194,13 @@ def _run(args: argparse.Namespace, selected: list[tuple[AdapterSpec, list[ModelS
         optimizer=(args.optimizer or "adamw") if args.memories else None,
         predict=args.figures.name if args.figures is not None else None,
         step_device=args.step_figures.name if args.step_figures is not None else None,
+        glibc_tunables=os.environ.get("GLIBC_TUNABLES"),
     )
     console = stdout()
     print_table(console, rows, env)
+    note = None if args.preset == TINY else allocator_note(device)  # tiny steps time the host anyway
+    if note is not None:
+        console.print(note)
     written = []
     if args.json is not None:
         write_json(args.json, rows, env)
