@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
@@ -12,6 +13,11 @@ import ac_core
 # 285 s with torch's default, 79 s with one thread per worker.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+
+# Tests plan as on a machine never calibrated: `ac-core calibrate` run here writes the user's cache, which would
+# cost every CPU plan in time. Tests of calibration point AC_CORE_CALIBRATION at their own files.
+os.environ.pop("AC_CORE_CALIBRATION", None)
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="ac-core-tests-cache-")
 
 
 @pytest.fixture(autouse=True)

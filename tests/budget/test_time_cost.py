@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import NamedTuple
 
@@ -245,6 +246,10 @@ def test_the_default_costs_in_time_only_where_the_device_is_known_without_measur
     assert (plan.cost, plan.device) == ("time", "cpu")
     assert _decisions(plan) == _decisions(_plan(mixed, 0.5, "time"))  # the same figures as DEVICE's
     assert _plan(mixed, 0.5, None, device="h100").device == "h100-sxm"
+    wide = copy.deepcopy(mixed.case).model.double()  # no float64 rate in the calibration: FLOPs, not an error
+    inputs = {k: v.double() if v.is_floating_point() else v for k, v in mixed.case.inputs.items()}
+    plan = plan_activation_checkpointing(wide, inputs, 0.5, blocks=BLOCKS)
+    assert (plan.cost, plan.device) == ("flops", None)
 
 
 def test_bad_cost_and_time_without_a_device_are_refused(mixed, monkeypatch, tmp_path):

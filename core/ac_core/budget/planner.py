@@ -39,8 +39,9 @@ def resolve_device(device: DeviceLike) -> Device:
 
 def default_device(model: nn.Module) -> Device | None:
     """The device of ``model``'s parameters where its figures are known without measuring: a CUDA device in the
-    table, or the CPU once ``ac-core calibrate`` wrote its figures. Else None (``meta``, a CPU never calibrated:
-    measuring would take seconds and vary from run to run, so the plan would too)."""
+    table, or the CPU once ``ac-core calibrate`` wrote its figures, where they rate every floating dtype of the
+    parameters. Else None (``meta``, a CPU never calibrated: measuring would take seconds and vary from run to run,
+    so the plan would too; a float64 model on a CPU calibrated in float32 and bfloat16)."""
     first = next(itertools.chain(model.parameters(), model.buffers()), None)
     where = first.device if first is not None else torch.device("cpu")
     known = (where.type == "cuda" and torch.cuda.is_available()) or (
@@ -49,10 +50,13 @@ def default_device(model: nn.Module) -> Device | None:
     if not known:
         return None
     try:
-        return device_for(where)
+        found = device_for(where)
+        for dtype in {p.dtype for p in model.parameters() if p.is_floating_point()}:
+            found.peak_flops(dtype)
     except ValueError as exc:
         logger.info("ac-core: no device figures for %s (%s): the plan is costed in FLOPs", where, exc)
         return None
+    return found
 
 
 def _costing(cost: Cost | None, device: Device | None) -> Cost:
