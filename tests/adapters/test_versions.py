@@ -53,3 +53,21 @@ def test_a_class_new_in_a_version_is_refused_below_it_and_only_it(monkeypatch):
         "WanAnimateTransformer3DModel": True,
         "WanAnimate2Transformer3DModel": False,
     }
+
+
+def test_each_extra_installs_only_versions_its_adapter_verified():
+    """``pip install 'ac-core[llama]'`` (the fix the refusal names) must not install a release the adapter refuses."""
+    tomllib = pytest.importorskip("tomllib")
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    extras = extras["optional-dependencies"]
+    for param in served():
+        spec, model_spec = param.values
+        required = [Requirement(r) for r in extras[spec.extra] if Requirement(r).name == spec.library]
+        assert required, f"extra {spec.extra!r} does not install {spec.library}"
+        declared = Requirement(model_spec.versions)
+        ceiling = {s.version for s in required[0].specifier if s.operator == "<"}
+        assert ceiling == {s.version for s in declared.specifier if s.operator == "<"}, (spec.extra, model_spec.cls)
