@@ -23,6 +23,12 @@ _FORMAT = 4  # 2: offload; 3: the containers of a plan made with blocks=; 4: its
 COMPILE_OUTSIDE = ("held", "recomputed")
 COMPILE_FREE = ("fewest_bytes", "torch_rules")
 COMPILE_BLOCK_INPUTS = ("held", "recomputable")
+# The fields that name a plan's layout, each with its choices; the first choice is the default.
+_COMPILE_FIELDS = {
+    "compile_outside": COMPILE_OUTSIDE,
+    "compile_free": COMPILE_FREE,
+    "compile_block_inputs": COMPILE_BLOCK_INPUTS,
+}
 # What a plan records of its offload settings (OffloadConfig fields); the rest are fixed (see .offload_cost.recorded).
 _OFFLOAD_SETTINGS = ("min_bytes", "max_host_fraction", "max_inflight_bytes", "prefetch_bytes")
 
@@ -93,9 +99,9 @@ class CheckpointPlan(PolicyConfig):
     device: str | None = None
     none_seconds: float | None = None
     step_budget: StepBudget | None = None  # planned for a whole step's peak (see ac_core.predict_step)
-    compile_outside: str = "held"
-    compile_free: str = "fewest_bytes"
-    compile_block_inputs: str = "held"
+    compile_outside: str = COMPILE_OUTSIDE[0]
+    compile_free: str = COMPILE_FREE[0]
+    compile_block_inputs: str = COMPILE_BLOCK_INPUTS[0]
     name: ClassVar[str] = "plan"
 
     def __post_init__(self) -> None:
@@ -104,12 +110,8 @@ class CheckpointPlan(PolicyConfig):
                 "a CheckpointPlan is made by ac_core.plan_activation_checkpointing(model, example_inputs, budget) "
                 "or loaded with CheckpointPlan.from_json; to plan and apply at once use ac_core.Budget(...)"
             )
-        for field, value, allowed in (
-            ("compile_outside", self.compile_outside, COMPILE_OUTSIDE),
-            ("compile_free", self.compile_free, COMPILE_FREE),
-            ("compile_block_inputs", self.compile_block_inputs, COMPILE_BLOCK_INPUTS),
-        ):
-            if value not in allowed:
+        for field, allowed in _COMPILE_FIELDS.items():
+            if (value := getattr(self, field)) not in allowed:
                 raise ValueError(f"{field}={value!r}: choose one of {', '.join(map(repr, allowed))}")
         for block in self.blocks:
             if block.retain:
@@ -137,6 +139,11 @@ class CheckpointPlan(PolicyConfig):
         raise ValueError(
             f"this checkpoint plan has block {want[0]!r} ({want[1]}) where the model has {got[0]!r} ({got[1]})"
         )
+
+    @property
+    def default_layout(self) -> bool:
+        """Whether the plan compiles in the default layout (each ``compile_*`` field at its first choice)."""
+        return all(getattr(self, field) == allowed[0] for field, allowed in _COMPILE_FIELDS.items())
 
     def own_containers(self) -> tuple[str, ...] | None:
         return self.containers
@@ -210,9 +217,7 @@ class CheckpointPlan(PolicyConfig):
                 "device": self.device,
                 "none_seconds": self.none_seconds,
                 "step_budget": None if self.step_budget is None else self.step_budget.to_dict(),
-                "compile_outside": self.compile_outside,
-                "compile_free": self.compile_free,
-                "compile_block_inputs": self.compile_block_inputs,
+                **{field: getattr(self, field) for field in _COMPILE_FIELDS},
                 "blocks": [
                     {
                         "path": b.path,
@@ -273,9 +278,7 @@ class CheckpointPlan(PolicyConfig):
             device=data.get("device"),
             none_seconds=data.get("none_seconds"),
             step_budget=None if data.get("step_budget") is None else StepBudget.from_dict(data["step_budget"]),
-            compile_outside=data.get("compile_outside", "held"),
-            compile_free=data.get("compile_free", "fewest_bytes"),
-            compile_block_inputs=data.get("compile_block_inputs", "held"),
+            **{field: data[field] for field in _COMPILE_FIELDS if field in data},  # format 3 and before: defaults
         )
         if data.get("fingerprint") not in (None, plan.fingerprint):
             raise ValueError("checkpoint plan JSON was edited: its fingerprint does not match its contents")

@@ -71,9 +71,7 @@ def format_frontier(frontier: Frontier, title: str) -> str:
     lines += [
         f"budget {p.fraction:g}: ac-core's plan compiles {_layout(p.plan)}"
         for p in frontier.points
-        if p.plan is not None
-        and (p.plan.compile_outside, p.plan.compile_free, p.plan.compile_block_inputs)
-        != ("held", "fewest_bytes", "held")
+        if p.plan is not None and not p.plan.default_layout
     ]
     return "\n".join(lines)
 
